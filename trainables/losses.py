@@ -1,0 +1,192 @@
+"""Token-level policy losses and their aggregation (GRPO/DAPO clip, LUFFY policy shaping, EAD TIS).
+
+Conventions: token tensors are [B, T] (B sequences of T response positions), `mask` is bool[B, T],
+True on the response tokens that count. The per-token functions return unmasked [B, T] values;
+masking and normalisation happen once, in the aggregation.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+MAX_LOG_RATIO = 20.0  # log-ratios are clamped to +-20 (as verl) so exp() cannot overflow to inf/NaN grads
+
+
+def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Broadcast advantages [B] (one per sequence) or [B, T] to like's [B, T]."""
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]  # [B, 1]
+    if advantages.dim() != 2 or advantages.shape[0] != like.shape[0]:
+        raise ValueError(
+            f"advantages must be [B] or [B, T] with B = {like.shape[0]}, "
+            f"got shape {tuple(advantages.shape)}; "
+            "pass one advantage per sequence or one per token"
+        )
+    return advantages
+
+
+def tis_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """EAD truncated importance sampling weight: w_t = min(exp(logp_old - logp_behaviour), C).
+
+    logp_old: [B, T], log pi_old(y_t) recomputed by the learner at T = 1.
+    logp_behaviour: [B, T], log-prob of y_t under the distribution actually sampled (annealed).
+    cap: C; None turns TIS off (weights of one). Returns detached weights [B, T] (no gradient).
+    """
+    if cap is None:
+        return torch.ones_like(logp_old).detach()
+    log_w = (logp_old - logp_behaviour).detach().clamp(max=MAX_LOG_RATIO)  # [B, T]
+    return torch.exp(log_w).clamp(max=cap)
+
+
+def ppo_token_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float | None,
+    clip_high: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate with DAPO clip-higher, per token.
+
+    l_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)),  r_t = exp(logp_t - logp_old_t).
+    logp, logp_old: [B, T]. advantages: [B] (broadcast over tokens) or [B, T].
+    clip_low / clip_high: eps_low / eps_high; None removes that side of the clip, both None is
+    LUFFY's `loss_remove_clip` (l_t = -A r_t). The log-ratio is clamped to +-MAX_LOG_RATIO.
+    Returns (loss [B, T], clipped bool[B, T]: True where the clipped branch is the active one,
+    i.e. where the token gets no gradient).
+    """
+    adv = _per_token(advantages, logp)  # [B, 1] or [B, T]
+    ratio = torch.exp((logp - logp_old).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # [B, T]
+    loss = -adv * ratio  # [B, T]
+    if clip_low is None and clip_high is None:
+        return loss, torch.zeros_like(loss, dtype=torch.bool)
+    low = None if clip_low is None else 1.0 - clip_low
+    high = None if clip_high is None else 1.0 + clip_high
+    loss_clipped = -adv * torch.clamp(ratio, min=low, max=high)  # [B, T]
+    clipped = loss_clipped > loss  # [B, T]; strict: inside the band the unclipped term is active
+    return torch.where(clipped, loss_clipped, loss), clipped
+
+
+def policy_shaping_loss(logp: torch.Tensor, advantages: torch.Tensor, *, gamma: float) -> torch.Tensor:
+    """LUFFY off-policy token loss with policy shaping: l_t = -A f(p_t), f(p) = p / (p + gamma).
+
+    p_t = exp(logp_t) = pi_theta(y_t) of a teacher token; the teacher probability is taken as 1,
+    so there is no importance ratio and no clip. logp: [B, T]; advantages: [B] or [B, T].
+    Returns loss [B, T]; d l_t / d logp_t = -A gamma p_t / (p_t + gamma)^2.
+    """
+    adv = _per_token(advantages, logp)  # [B, 1] or [B, T]
+    p = torch.exp(logp)  # [B, T]
+    return -adv * p / (p + gamma)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits): H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v.
+
+    Computed on z - max(z), which leaves H unchanged but avoids the cancellation of two large
+    numbers (logits of 1e4 in float32). OGER eq. 6 takes it at the last position.
+    logits: [..., V], finite. Returns [...].
+    """
+    z = logits - logits.amax(dim=-1, keepdim=True).detach()  # [..., V], max 0
+    p = torch.softmax(z, dim=-1)  # [..., V]
+    return torch.logsumexp(z, dim=-1) - (p * z).sum(dim=-1)
+
+
+def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi_theta || pi_ref) per token: exp(d) - d - 1, d = logp_ref - logp (>= 0).
+
+    logp, logp_ref: [B, T]. Returns [B, T]; d is clamped to +-MAX_LOG_RATIO.
+    """
+    d = (logp_ref - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [B, T]
+    return torch.exp(d) - d - 1.0
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of values [B, T] over mask bool[B, T] (a metric: clip fraction, mean TIS weight).
+
+    Returns a scalar tensor; 0 when the mask is empty.
+    """
+    _check_mask(values, mask)
+    total = torch.where(mask, values, torch.zeros_like(values)).sum()
+    return total / mask.sum().clamp(min=1)
+
+
+# ---------------------------------------------------------------- aggregation -------------------
+# Each mode returns the SUM over the given micro-batch divided by a GLOBAL normaliser (counted over
+# the whole optimizer batch: every micro-batch on every data-parallel rank), so that summing the
+# results of all micro-batches gives the loss of the whole batch, however it is split.
+
+
+def _check_mask(values: torch.Tensor, mask: torch.Tensor) -> None:
+    if mask.dtype != torch.bool or mask.shape != values.shape:
+        raise ValueError(
+            f"mask must be bool with the shape of values {tuple(values.shape)}, got {mask.dtype} "
+            f"{tuple(mask.shape)}; pass the response mask as mask.bool()"
+        )
+
+
+def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values [B, T] with the masked-out positions set to 0 (NaN/inf there cannot leak)."""
+    _check_mask(values, mask)
+    return torch.where(mask, values, torch.zeros_like(values))
+
+
+class Aggregation(Protocol):
+    """values [B, T], mask bool[B, T], global normalisers -> scalar micro-batch share of the loss."""
+
+    def __call__(
+        self, values: torch.Tensor, mask: torch.Tensor, *, num_tokens, num_seqs, norm_len
+    ) -> torch.Tensor: ...
+
+
+def token_mean(values, mask, *, num_tokens, num_seqs, norm_len):
+    """token-mean: sum_{i,t} v_it m_it / num_tokens (num_tokens: global count of True in mask)."""
+    return _masked(values, mask).sum() / num_tokens
+
+
+def seq_mean_token_sum(values, mask, *, num_tokens, num_seqs, norm_len):
+    """seq-mean-token-sum: sum_i (sum_t v_it m_it) / num_seqs (num_seqs: global sequence count)."""
+    return _masked(values, mask).sum(dim=-1).sum() / num_seqs
+
+
+def seq_mean_token_mean(values, mask, *, num_tokens, num_seqs, norm_len):
+    """seq-mean-token-mean: sum_i (sum_t v_it m_it / sum_t m_it) / num_seqs; an empty row adds 0."""
+    seq_sums = _masked(values, mask).sum(dim=-1)  # [B]
+    seq_lens = mask.sum(dim=-1).clamp(min=1)  # [B]; an empty row has sum 0, so any length > 0 works
+    return (seq_sums / seq_lens).sum() / num_seqs
+
+
+def seq_mean_token_sum_norm(values, mask, *, num_tokens, num_seqs, norm_len):
+    """seq-mean-token-sum-norm (Dr.GRPO, LUFFY's constant normaliser): sum v m / (num_seqs norm_len)."""
+    return _masked(values, mask).sum() / (num_seqs * norm_len)
+
+
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token-mean": token_mean,
+    "seq-mean-token-sum": seq_mean_token_sum,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
+}
+
+
+def aggregate_loss(
+    mode: str, values: torch.Tensor, mask: torch.Tensor, *, num_tokens, num_seqs, norm_len
+) -> torch.Tensor:
+    """Aggregate per-token values [B, T] over mask bool[B, T] with the `AGGREGATIONS[mode]` rule.
+
+    num_tokens: global count of response tokens (True in the mask) over the whole optimizer batch.
+    num_seqs: global count of sequences over the whole optimizer batch (rows with an empty mask
+    contribute 0 to every sum, so count them or not as the normaliser you want).
+    norm_len: the constant length normaliser of seq-mean-token-sum-norm.
+    Numbers or 0-d tensors; a tensor normaliser is not checked (that would need a device sync).
+    Returns a scalar: this micro-batch's share, so the shares of all micro-batches and ranks sum
+    to the batch loss (an engine that averages gradients over ranks or divides by the number of
+    accumulation steps must be compensated by the caller).
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {sorted(AGGREGATIONS)}")
+    for name, value in (("num_tokens", num_tokens), ("num_seqs", num_seqs), ("norm_len", norm_len)):
+        if isinstance(value, (int, float)) and value <= 0:
+            raise ValueError(f"{name} must be > 0 (got {value}); count it over the whole optimizer batch")
+    return AGGREGATIONS[mode](values, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
