@@ -1,0 +1,74 @@
+"""MLflow records: a sqlite store inside the run's storage folder unless a tracking URI is given."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mlflow.entities import Param, RunStatus
+from mlflow.tracking import MlflowClient
+
+from trainables.config import TrialConfig
+
+MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
+
+
+def default_tracking_uri(storage: str) -> str:
+    folder = Path(storage).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class Tracker:
+    """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them."""
+
+    def __init__(self, tracking_uri: str, experiment: str):
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+
+    def start_trial_run(self, cfg: TrialConfig, *, parent_run_id: str | None = None,
+                        tags: dict[str, str] | None = None) -> str:
+        all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running",
+                    **(tags or {})}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=cfg.name, tags=all_tags)
+        run_id = run.info.run_id
+        params = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(cfg.model_dump(mode="json")).items()]
+        for i in range(0, len(params), 100):  # MLflow's per-batch parameter limit
+            self.client.log_batch(run_id, params=params[i : i + 100])
+        self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
+                             "spec.yaml")
+        return run_id
+
+    def finish(self, run_id: str, state: str) -> None:
+        self.client.set_tag(run_id, "state", state)
+        status = RunStatus.FINISHED if state == "finished" else RunStatus.FAILED
+        self.client.set_terminated(run_id, RunStatus.to_string(status))
+
+    def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]

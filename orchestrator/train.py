@@ -1,0 +1,146 @@
+"""python -m orchestrator.train SPEC.yaml [--set key.path=value ...]
+
+Runs ONE trial as a Ray Train run (final models, debugging), tracked as a top-level MLflow run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.spec import SpecError, load_trial_spec
+from orchestrator.tracking import Tracker, default_tracking_uri
+from trainables.config import TrialConfig
+from trainables.data.bootstrap import resolve_model_path
+
+console = Console()
+
+# Environment of every Ray worker: DeepSpeed on CPU torch, quiet tokenizers, no hub access.
+WORKER_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DS_ACCELERATOR": "cpu",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "180",
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+}
+
+
+def logical_cpus(cfg: TrialConfig) -> int:
+    """Logical CPUs for a local cluster: at least what one trial asks, whatever the cores.
+
+    Rollout and learner phases alternate, so oversubscribing the cores is cheap; without it a
+    2-core machine cannot even place one worker group (RESEARCH.md, Ray).
+    """
+    need = cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus + 1
+    return max(int(need + 0.999), os.cpu_count() or 1)
+
+
+def init_ray(num_cpus: int) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
+    address = os.environ.get("RAY_ADDRESS")  # a running cluster (infra/) when set
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV}, include_dashboard=False,
+                 log_to_driver=True)
+
+
+def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, run_callbacks: list | None = None):
+    """Start the trial's rollout service, run the Ray Train loop, return the Train `Result`."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from trainables.rollout.service import start_rollout_service
+    from trainables.trial import train_loop_per_worker
+
+    service = start_rollout_service(cfg.rollout.backend, model_path, num_cpus=cfg.rollout.num_cpus)
+    try:
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
+                               "rollout_service": service, "tracking": tracking},
+            torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
+            scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
+                                         resources_per_worker={"CPU": cfg.learner.cpus_per_worker}),
+            run_config=RunConfig(
+                name=cfg.name,
+                storage_path=_storage_uri(cfg.storage),
+                checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+                failure_config=FailureConfig(max_failures=0),
+                callbacks=run_callbacks or [],
+            ),
+        )
+        return trainer.fit()
+    finally:
+        ray.kill(service)
+
+
+def _storage_uri(storage: str) -> str:
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+
+
+def summary_table(metrics: dict[str, float], title: str) -> Table:
+    table = Table(title=title, show_lines=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in sorted(metrics):
+        value = metrics[key]
+        if isinstance(value, (int, float)) and key.split("/")[0] in ("val", "rollout", "policy", "tis", "timing"):
+            table.add_row(key, f"{value:.4g}")
+    return table
+
+
+def run(cfg: TrialConfig) -> dict[str, float]:
+    model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
+    console.print(f"policy: {model_path}")
+    uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)
+    tracker = Tracker(uri, cfg.logging.experiment)
+    run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"})
+    console.print(f"MLflow run {run_id} in {uri}")
+    init_ray(logical_cpus(cfg))
+    start = time.perf_counter()
+    state = "errored"
+    try:
+        result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id})
+        if result.error:
+            raise result.error
+        state = "finished"
+    finally:
+        tracker.finish(run_id, state)
+    metrics = dict(result.metrics or {})
+    console.print(summary_table(metrics, f"trial {cfg.name}: {cfg.learner.steps} steps in "
+                                         f"{time.perf_counter() - start:.0f} s"))
+    console.print(f"checkpoint: {result.checkpoint.path if result.checkpoint else '-'}")
+    console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__.strip())
+    parser.add_argument("spec", help="experiment spec (YAML), e.g. search_spaces/ead.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a spec field, e.g. --set learner.steps=10 (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_trial_spec(args.spec, args.overrides)
+        run(cfg)
+    except (SpecError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

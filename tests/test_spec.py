@@ -1,0 +1,76 @@
+"""Bad input at the edge: each invalid spec gives one line naming the key and what was expected."""
+
+import textwrap
+
+import pytest
+
+from orchestrator.spec import SpecError, load_trial_spec, parse_overrides
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "spec.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(path, overrides=None) -> str:
+    with pytest.raises(SpecError) as info:
+        load_trial_spec(path, overrides)
+    return str(info.value)
+
+
+def test_shipped_spec_is_valid():
+    cfg = load_trial_spec("search_spaces/ead.yaml")
+    assert cfg.rollout.decoding.schedule == "ead"
+    assert cfg.validation.decoding.schedule == "fixed"  # validation is not annealed by default
+
+
+@pytest.mark.parametrize(
+    "text, key, expected",
+    [
+        ("rollout: {group_sise: 8}\n", "rollout.group_sise", "unknown key"),
+        ("rollout: {group_size: 1}\n", "rollout.group_size", "greater than or equal to 2"),
+        ("learner: {lr: fast}\n", "learner.lr", "valid number"),
+        ("rollout: {decoding: {ead: {tau_min: 1.5, tau_max: 1.2}}}\n", "rollout.decoding.ead", "tau_min must be <= tau_max"),
+        ("rollout: {decoding: {ead: {d0: 0}}}\n", "rollout.decoding.ead.d0", "greater than 0"),
+        ("rollout: {decoding: {schedule: hot}}\n", "rollout.decoding.schedule", "'ead' or 'fixed'"),
+        ("algorithm: {loss_agg: mean}\n", "algorithm.loss_agg", "token-mean"),
+        ("task: {levels: [9]}\n", "task", "levels must be a non-empty list"),
+        ("learner: {num_workers: 3, prompts_per_step: 8}\n", "learner.prompts_per_step", "divisible"),
+        ("validation: {num_prompts: 500}\n", "validation.num_prompts", "task.val_size"),
+    ],
+)
+def test_bad_spec_names_the_key(tmp_path, text, key, expected):
+    message = error_of(write(tmp_path, text))
+    first = message.splitlines()[0]
+    assert str(tmp_path / "spec.yaml") in first
+    assert key in first and expected in first, first
+
+
+def test_every_problem_gets_its_own_line(tmp_path):
+    message = error_of(write(tmp_path, "rollout: {group_size: 1, max_new_tokens: 0}\n"))
+    lines = message.splitlines()
+    assert len(lines) == 2
+    assert any("rollout.group_size" in line for line in lines)
+    assert any("rollout.max_new_tokens" in line for line in lines)
+
+
+def test_set_overrides_any_field(tmp_path):
+    path = write(tmp_path, "learner: {steps: 5}\n")
+    cfg = load_trial_spec(path, ["learner.steps=7", "rollout.decoding.ead.tau_max=1.5", "rollout.tis_cap=null"])
+    assert cfg.learner.steps == 7
+    assert cfg.rollout.decoding.ead.tau_max == 1.5
+    assert cfg.rollout.tis_cap is None
+
+
+def test_set_errors_name_the_key(tmp_path):
+    path = write(tmp_path, "learner: {steps: 5}\n")
+    assert "learner.stepz" in error_of(path, ["learner.stepz=3"])
+    assert "learner.steps" in error_of(path, ["learner.steps.x=3"])
+    with pytest.raises(SpecError, match="KEY.PATH=VALUE"):
+        parse_overrides(["learner.steps"])
+
+
+def test_missing_or_broken_file(tmp_path):
+    assert "no such spec file" in error_of(tmp_path / "nope.yaml")
+    assert "not valid YAML" in error_of(write(tmp_path, "rollout: [\n"))

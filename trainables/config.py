@@ -1,0 +1,202 @@
+"""The trial configuration tree (pydantic): defaults and help live here, and only here.
+
+`orchestrator.spec` reads YAML into these models at the edge; everything below receives the
+validated `TrialConfig` (or the sub-config it needs) and never reads files or the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from trainables.losses import AGGREGATIONS
+
+LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
+
+
+class Section(BaseModel):
+    """A spec section: unknown keys are errors, assignments are re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(Section):
+    """The embedded default policy: a tiny Qwen2 built, warm-started and cached on first use."""
+
+    seed: int = Field(0, description="Seeds tokenizer corpus, initial weights and warm start.")
+    hidden_size: PositiveInt = Field(128, description="Width of the tiny Qwen2.")
+    num_layers: PositiveInt = Field(4, description="Decoder layers.")
+    num_heads: PositiveInt = Field(4, description="Attention heads.")
+    num_kv_heads: PositiveInt = Field(2, description="Key/value heads (grouped-query attention).")
+    intermediate_size: PositiveInt = Field(384, description="MLP width.")
+    vocab_size: PositiveInt = Field(384, description="Target size of the BPE vocabulary.")
+    sft_levels: list[int] = Field([1], description="Task levels of the supervised warm start.")
+    sft_examples: PositiveInt = Field(1500, description="Problems in the warm-start set.")
+    sft_steps: PositiveInt = Field(150, description="Optimizer steps of the warm start.")
+    sft_batch_size: PositiveInt = Field(32, description="Sequences per warm-start step.")
+    sft_lr: PositiveFloat = Field(3e-3, description="Warm-start peak learning rate.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must be divisible by num_heads, and num_heads by num_kv_heads")
+        return self
+
+
+class ModelConfig(Section):
+    path: str | None = Field(
+        None,
+        description="A Hugging Face model folder (e.g. Qwen2.5-Math-7B on a GPU cluster); "
+        "null builds the embedded tiny model and caches it.",
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Learner precision: auto is bf16 on GPUs and fp32 on CPUs."
+    )
+
+
+class TaskConfig(Section):
+    name: Literal["arithmetic"] = Field("arithmetic", description="The prompt set.")
+    levels: list[int] = Field([1, 2], description="Difficulty levels of train and validation problems.")
+    train_size: PositiveInt = Field(2000, description="Training problems.")
+    val_size: PositiveInt = Field(64, description="Held-out validation problems.")
+
+    @model_validator(mode="after")
+    def _known_levels(self) -> TaskConfig:
+        from trainables.data.arithmetic import LEVELS
+
+        unknown = sorted(set(self.levels) - set(LEVELS))
+        if not self.levels or unknown:
+            raise ValueError(f"levels must be a non-empty list from {sorted(LEVELS)} (unknown: {unknown})")
+        return self
+
+
+class EADConfig(Section):
+    """Exploratory Annealed Decoding: tau_t = max(1 + tau_max - exp(t / (S d_s)), tau_min)."""
+
+    tau_max: PositiveFloat = Field(1.2, description="Peak temperature is 1 + tau_max - 1 = tau_max at t = c.")
+    tau_min: PositiveFloat = Field(0.1, description="Temperature floor.")
+    d0: PositiveFloat = Field(25.0, description="Initial decay d_0; d_s = min(d0 + 5 s, 40000).")
+    warmup_tokens: int = Field(10, ge=0, description="First c tokens decoded at temperature 1.")
+    time_scale: PositiveFloat = Field(20.0, description="S of the official code (the paper has none).")
+
+    @model_validator(mode="after")
+    def _order(self) -> EADConfig:
+        if self.tau_min > self.tau_max:
+            raise ValueError(f"tau_min must be <= tau_max (got {self.tau_min} > {self.tau_max})")
+        return self
+
+
+class DecodingConfig(Section):
+    schedule: Literal["ead", "fixed"] = Field("ead", description="Per-token temperature schedule.")
+    temperature: PositiveFloat = Field(1.0, description="The constant of the fixed schedule.")
+    ead: EADConfig = Field(default_factory=EADConfig)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+
+    def schedule_params(self) -> dict[str, float]:
+        """Keyword arguments of `trainables.rollout.ead.SCHEDULES[self.schedule]`."""
+        if self.schedule == "fixed":
+            return {"temperature": self.temperature}
+        return self.ead.model_dump()
+
+
+class RolloutConfig(Section):
+    backend: Literal["hf"] = Field("hf", description="Generation engine of the rollout service.")
+    group_size: int = Field(8, ge=2, description="N rollouts per prompt (the GRPO group).")
+    max_new_tokens: PositiveInt = Field(64, description="Response length cap in tokens.")
+    decoding: DecodingConfig = Field(default_factory=DecodingConfig)
+    tis_cap: PositiveFloat | None = Field(
+        2.0, description="C of truncated importance sampling min(exp(logp_old - logp_beh), C); null: off."
+    )
+    num_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved for the rollout actor.")
+
+
+class AlgorithmConfig(Section):
+    name: Literal["grpo"] = Field("grpo", description="RL algorithm preset.")
+    use_std: bool = Field(True, description="Divide group advantages by the group std (OGER eq. 9).")
+    clip_low: PositiveFloat | None = Field(0.2, description="PPO ratio clip below 1; null removes it.")
+    clip_high: PositiveFloat | None = Field(0.28, description="PPO ratio clip above 1 (clip-higher).")
+    loss_agg: LossAggregation = Field("token-mean", description="Loss aggregation (verl names).")
+    norm_len: PositiveInt = Field(64, description="Constant length of seq-mean-token-sum-norm.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to the frozen initial policy.")
+
+
+class LearnerConfig(Section):
+    num_workers: PositiveInt = Field(2, description="Data-parallel learner ranks (Ray Train workers).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="Logical CPUs per learner rank.")
+    use_gpu: bool = Field(False, description="One GPU per learner rank.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    steps: PositiveInt = Field(30, description="RL steps (rollout + update rounds).")
+    prompts_per_step: PositiveInt = Field(8, description="Prompts per RL step, over all ranks.")
+    minibatches: PositiveInt = Field(1, description="Optimizer steps per RL step.")
+    micro_batch_size: PositiveInt = Field(16, description="Sequences per forward/backward on a rank.")
+    lr: PositiveFloat = Field(1e-3, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
+    grad_clip: PositiveFloat | None = Field(1.0, description="Gradient-norm clip; null: off.")
+
+
+class ValidationConfig(Section):
+    every: int = Field(10, ge=0, description="Validate every v RL steps (and at the start and end); 0: never.")
+    num_prompts: PositiveInt = Field(64, description="Validation problems (at most task.val_size).")
+    samples: PositiveInt = Field(2, description="Samples per validation problem (avg@k).")
+    decoding: DecodingConfig = Field(
+        default_factory=lambda: DecodingConfig(schedule="fixed", temperature=0.6),
+        description="Validation decoding: not annealed unless set so here.",
+    )
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="Checkpoint every k RL steps; 0: only at the end.")
+    keep: PositiveInt = Field(2, description="Checkpoints kept.")
+
+
+class LoggingConfig(Section):
+    report_every: PositiveInt = Field(1, description="Report metrics to Ray Train every k steps.")
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; null: a sqlite store inside the run's storage folder."
+    )
+    experiment: str = Field("rlvr-explore", description="MLflow experiment name.")
+
+
+class TrialConfig(Section):
+    """One trial: everything a Ray Train run of the RL loop needs."""
+
+    name: str = Field("trial", description="Run name; also the folder under storage.")
+    seed: int = Field(0, description="Seeds data, model bootstrap, sampling and the learner.")
+    storage: str = Field("runs", description="Folder or URI (s3://, gs://) holding runs and checkpoints.")
+    cache_dir: str = Field(".cache", description="Where built models are cached, keyed by their config.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _batches_divide(self) -> TrialConfig:
+        lr = self.learner
+        if lr.prompts_per_step % lr.num_workers:
+            raise ValueError(
+                f"learner.prompts_per_step ({lr.prompts_per_step}) must be divisible by "
+                f"learner.num_workers ({lr.num_workers}): every rank takes whole groups"
+            )
+        per_rank = lr.prompts_per_step // lr.num_workers * self.rollout.group_size
+        if per_rank % lr.minibatches:
+            raise ValueError(
+                f"learner.minibatches ({lr.minibatches}) must divide the {per_rank} sequences of a rank"
+            )
+        if self.validation.num_prompts > self.task.val_size:
+            raise ValueError(
+                f"validation.num_prompts ({self.validation.num_prompts}) must be <= task.val_size "
+                f"({self.task.val_size})"
+            )
+        return self
+
+    @property
+    def sequences_per_rank(self) -> int:
+        return self.learner.prompts_per_step // self.learner.num_workers * self.rollout.group_size

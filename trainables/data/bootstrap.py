@@ -1,0 +1,185 @@
+"""The embedded default policy: a tiny Qwen2 and its BPE tokenizer, built from the project itself.
+
+Nothing is downloaded. The tokenizer is trained on the built-in task's text, the model is
+warm-started by a short supervised pass on teacher solutions of the easiest level only, so the base
+is partly able and RL has room to improve it. The result is a normal Hugging Face model folder,
+cached under ``cache_dir/models/<key>`` where the key hashes the configuration and the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+from filelock import FileLock
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from trainables.config import TinyModelConfig
+from trainables.data.arithmetic import SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset
+from trainables.data.tasks import encode_prompt
+
+BOOTSTRAP_VERSION = 1  # bump when the recipe below changes, so stale caches are not reused
+EOS = "<|endoftext|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+MAX_POSITIONS = 512
+
+
+def cache_key(cfg: TinyModelConfig) -> str:
+    blob = json.dumps({"cfg": cfg.model_dump(), "v": BOOTSTRAP_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_tiny_model(cfg: TinyModelConfig, cache_dir: str | Path) -> Path:
+    """Return the folder of the tiny model for cfg, building it once (safe across processes)."""
+    root = Path(cache_dir).expanduser().resolve() / "models"
+    target = root / f"tiny-qwen2-{cache_key(cfg)}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").is_file():  # another process built it while we waited
+            return target
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        build_tiny_model(cfg, staging)
+        staging.rename(target)  # atomic: a half-built folder is never taken for a model
+    return target
+
+
+def _corpus(cfg: TinyModelConfig, seed: int) -> list[str]:
+    """Tokenizer corpus: prompts and teacher solutions of every level, so any level tokenises well."""
+    from trainables.data.arithmetic import LEVELS
+
+    problems, _ = make_splits(seed + 1, sorted(LEVELS), train_size=400, val_size=1)
+    rows = teacher_dataset(problems, seed, wrong_rate=0.0, overlong_rate=0.0)
+    return [SYSTEM_PROMPT] + [r["question"] for r in rows] + [r["solution"] for r in rows]
+
+
+def build_tokenizer(cfg: TinyModelConfig, seed: int) -> PreTrainedTokenizerFast:
+    # Byte-level BPE with single digits, as Qwen and Llama do: arithmetic needs digit tokens.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=[EOS, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(cfg, seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def sft_examples(cfg: TinyModelConfig, tokenizer, seed: int) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) of correct teacher solutions on the warm-start levels."""
+    problems, _ = make_splits(seed + 2, cfg.sft_levels, train_size=cfg.sft_examples, val_size=1)
+    rows = teacher_dataset(problems, seed, wrong_rate=0.0, overlong_rate=0.0)
+    by_uid = {p.uid: p for p in problems}
+    examples = []
+    for row in rows:
+        prompt = encode_prompt(tokenizer, by_uid[row["uid"]])
+        response = tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        examples.append((prompt + response, len(prompt)))
+    return examples
+
+
+def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id)  # [B, L]
+    labels = torch.full((len(batch), width), -100)  # loss only on response tokens
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (ids, prompt_len) in enumerate(batch):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+        attention[i, : len(ids)] = 1
+    return input_ids, labels, attention
+
+
+def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
+    """Tokenizer, model, short supervised warm start (cosine lr), saved as a HF folder."""
+    seed = cfg.seed
+    tokenizer = build_tokenizer(cfg, seed)
+    model = build_model(cfg, tokenizer, seed)
+    examples = sft_examples(cfg, tokenizer, seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / cfg.sft_steps))
+    )
+    model.train()
+    bar = tqdm(range(cfg.sft_steps), desc="warm-starting the tiny policy", unit="step")
+    for _ in bar:
+        input_ids, labels, attention = _collate(rng.sample(examples, cfg.sft_batch_size), tokenizer.pad_token_id)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    out_dir.mkdir(parents=True)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "bootstrap.json").write_text(
+        json.dumps({"config": cfg.model_dump(), "version": BOOTSTRAP_VERSION,
+                    "teachers": list(TEACHERS)}, indent=2)
+    )
+
+
+def resolve_model_path(path: str | None, tiny: TinyModelConfig, cache_dir: str) -> Path:
+    """The policy's model folder: the spec's, checked, or the embedded tiny one, built on first use."""
+    if path is None:
+        return ensure_tiny_model(tiny, cache_dir)
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path: {folder} is not a Hugging Face model folder (no config.json); "
+            "point it at a saved model or set it to null for the embedded tiny model"
+        )
+    return folder
+
+
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from a HF folder; the tokenizer pads on the left for generation."""
+    transformers.utils.logging.disable_progress_bar()  # one bar per weight load floods the logs
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, tokenizer

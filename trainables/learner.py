@@ -1,0 +1,204 @@
+"""The DeepSpeed GRPO learner of one rank: old-logprob pass, policy update, weight export.
+
+Loss normalisation: `aggregate_loss` divides each micro-batch's sum by the GLOBAL token or sequence
+count of the optimizer batch (all micro-batches, all ranks), so the loss and its gradient are the
+same whatever the micro-batching and the number of ranks. DeepSpeed would divide by the number of
+accumulation steps (we pass `scale_wrt_gas=False`) and averages gradients over ranks (we multiply
+by the world size to turn the average back into that global sum).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from trainables.config import TrialConfig
+from trainables.losses import aggregate_loss, entropy_from_logits, kl_k3, ppo_token_loss
+from trainables.rollout.types import RolloutBatch, pad_right
+
+
+@dataclass
+class TrainBatch:
+    """Prompt + response rows, right-padded. Token tensors are in target coordinates: column j holds
+    token j + 1 of the row and the log-prob the model assigns to it from position j."""
+
+    input_ids: torch.Tensor  # long[B, L]
+    attention_mask: torch.Tensor  # long[B, L]
+    response_mask: torch.Tensor  # bool[B, L-1], True on response tokens (EOS included)
+    behaviour_logp: torch.Tensor  # [B, L-1], log-prob under the distribution sampled from
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice) -> TrainBatch:
+        return TrainBatch(*(t[index] for t in (self.input_ids, self.attention_mask,
+                                                 self.response_mask, self.behaviour_logp)))
+
+
+def build_train_batch(rollouts: RolloutBatch, pad_id: int) -> TrainBatch:
+    rows = [rollouts.prompt_of(i) + r for i, r in enumerate(rollouts.response_ids)]
+    input_ids = pad_right(rows, pad_id, torch.long)  # [B, L]
+    attention = pad_right([[1] * len(r) for r in rows], 0, torch.long)  # [B, L]
+    response_mask = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, dtype=torch.bool)
+    behaviour = torch.zeros(response_mask.shape)
+    for i, resp in enumerate(rollouts.response_ids):
+        start = len(rollouts.prompt_of(i)) - 1  # target column of the first response token
+        response_mask[i, start : start + len(resp)] = True
+        behaviour[i, start : start + len(resp)] = torch.tensor(rollouts.behaviour_logprobs[i])
+    return TrainBatch(input_ids, attention, response_mask, behaviour)
+
+
+def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
+    """bool[B, T] -> long[B]: the column of each row's last response token.
+
+    "Last" is the position that emitted the final token: EOS for a finished response, the cut-off
+    token for a truncated one.
+    """
+    cols = torch.arange(response_mask.shape[1]).expand_as(response_mask)
+    return torch.where(response_mask, cols, -1).max(dim=1).values.clamp(min=0)
+
+
+def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16: bool) -> dict:
+    lr = cfg.learner
+    micro = math.ceil(cfg.sequences_per_rank / lr.minibatches / micro_batches)
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": micro_batches,
+        "train_batch_size": micro * micro_batches * world_size,
+        "gradient_clipping": lr.grad_clip or 0.0,
+        "zero_optimization": {"stage": lr.zero_stage},
+        "bf16": {"enabled": bf16},
+        # torch's AdamW: DeepSpeed's default FusedAdam JIT-compiles for minutes on a CPU.
+        "optimizer": {"type": "AdamW", "params": {"lr": lr.lr, "weight_decay": lr.weight_decay,
+                                                  "torch_adam": True}},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if lr.warmup_steps:
+        config["scheduler"] = {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr.lr, "warmup_num_steps": lr.warmup_steps,
+            "warmup_type": "linear"}}
+    return config
+
+
+class Learner:
+    """One data-parallel rank. All ranks call every method the same number of times (collectives)."""
+
+    def __init__(self, model_path: str | Path, cfg: TrialConfig, *, world_size: int, device: str = "cpu"):
+        import deepspeed
+
+        # The shared-memory allreduce op would JIT-compile for ~2 minutes; gloo is as good here.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        self.cfg = cfg
+        self.world_size = world_size
+        self.device = device
+        bf16 = cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and device != "cpu")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.micro_batches = math.ceil(cfg.sequences_per_rank / cfg.learner.minibatches
+                                       / cfg.learner.micro_batch_size)
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(cfg, world_size, self.micro_batches, bf16),
+        )
+        self.reference = None
+        if cfg.algorithm.kl_coef > 0:  # a frozen copy of the initial policy
+            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+            self.reference.eval().requires_grad_(False)
+
+    @property
+    def optimizer_step(self) -> int:
+        return int(self.engine.global_steps)
+
+    def _forward(self, model, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp [B, T], logits [B, T, V]) of the batch's targets, trimmed to its longest row."""
+        width = int(batch.attention_mask.sum(1).max())
+        ids = batch.input_ids[:, :width].to(self.device)
+        logits = model(input_ids=ids, attention_mask=batch.attention_mask[:, :width].to(self.device)).logits
+        logits = logits[:, :-1].float()  # [B, width-1, V]: position j predicts token j + 1
+        logp = logits.log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        pad = batch.response_mask.shape[1] - logp.shape[1]
+        return torch.nn.functional.pad(logp, (0, pad)), torch.nn.functional.pad(logits, (0, 0, 0, pad))
+
+    def _micro_slices(self, size: int) -> list[slice]:
+        step = math.ceil(size / self.micro_batches)
+        return [slice(i, min(i + step, size)) for i in range(0, size, step)]
+
+    @torch.no_grad()
+    def old_logprobs(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The T = 1 pass before the update: (logp_old [B, T], entropy [B, T])."""
+        self.engine.eval()
+        logps, entropies = [], []
+        for rows in self._micro_slices(batch.size):
+            logp, logits = self._forward(self.engine, batch.rows(rows))
+            logps.append(logp.cpu())
+            entropies.append(entropy_from_logits(logits).cpu())
+        return torch.cat(logps), torch.cat(entropies)
+
+    def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor,
+               tis: torch.Tensor) -> dict[str, float]:
+        """`minibatches` optimizer steps over the rank's batch; advantages [B], tis [B, T].
+
+        Returns per-rank sums for metrics (`*_sum` over response tokens, plus `tokens`).
+        """
+        self.engine.train()
+        algo = self.cfg.algorithm
+        sums: dict[str, float] = {}
+        rows_per_minibatch = batch.size // self.cfg.learner.minibatches
+        for m in range(self.cfg.learner.minibatches):
+            mb = slice(m * rows_per_minibatch, (m + 1) * rows_per_minibatch)
+            mask = batch.response_mask[mb]
+            counts = torch.tensor([mask.sum(), mask.any(1).sum()], dtype=torch.float64)
+            if dist.is_initialized():
+                dist.all_reduce(counts)  # global tokens and sequences of this optimizer batch
+            norm = {"num_tokens": counts[0].item(), "num_seqs": counts[1].item(), "norm_len": algo.norm_len}
+            base = mb.start
+            for rows in self._micro_slices(rows_per_minibatch):
+                idx = slice(base + rows.start, base + rows.stop)
+                micro = batch.rows(idx)
+                logp, logits = self._forward(self.engine, micro)
+                mmask = micro.response_mask.to(self.device)
+                pg, clipped = ppo_token_loss(logp, logp_old[idx].to(self.device), advantages[idx].to(self.device),
+                                             clip_low=algo.clip_low, clip_high=algo.clip_high)
+                pg = pg * tis[idx].to(self.device)
+                entropy = entropy_from_logits(logits)
+                loss = aggregate_loss(algo.loss_agg, pg, mmask, **norm)
+                if algo.entropy_coef:
+                    loss = loss - algo.entropy_coef * aggregate_loss(algo.loss_agg, entropy, mmask, **norm)
+                kl = torch.zeros_like(logp)
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_logp, _ = self._forward(self.reference, micro)
+                    kl = kl_k3(logp, ref_logp)
+                    loss = loss + algo.kl_coef * aggregate_loss(algo.loss_agg, kl, mmask, **norm)
+                self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                self.engine.step()  # an optimizer step only at the accumulation boundary
+                for key, val in (("pg_loss", pg), ("entropy", entropy), ("clipped", clipped.float()),
+                                 ("kl", kl)):
+                    sums[f"{key}_sum"] = sums.get(f"{key}_sum", 0.0) + float((val.detach() * mmask).sum())
+            sums["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+        sums["tokens"] = float(batch.response_mask.sum())
+        sums["lr"] = float(self.engine.get_lr()[0])
+        return sums
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights for the rollout engine (collective under ZeRO-3; every rank must call it)."""
+        module = self.engine.module
+        if self.cfg.learner.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+    def save(self, folder: str | Path, client_state: dict) -> None:
+        self.engine.save_checkpoint(str(folder), tag="engine", client_state=client_state)
+
+    def load(self, folder: str | Path) -> dict:
+        _, client_state = self.engine.load_checkpoint(str(folder), tag="engine")
+        return client_state or {}

@@ -1,0 +1,53 @@
+"""Per-step metric logging from rank 0 into the trial's MLflow run, never fatal to the trial.
+
+Ray Train keeps only what `ray.train.report` sends, and reporting is a barrier worth ~seconds, so
+the full per-step history goes straight to MLflow from rank 0. A tracking server that is down makes
+the logger buffer and retry at the next step, and say so once; the trial goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFERED_STEPS = 10_000
+
+
+class StepLogger:
+    def __init__(self, tracking_uri: str | None, run_id: str | None):
+        self.run_id = run_id
+        self.client = None
+        if tracking_uri and run_id:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri)
+        self.pending: list = []
+        self.failing_since: float | None = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self.flush()
+
+    def flush(self) -> None:
+        if self.client is None or not self.pending:
+            return
+        try:
+            for i in range(0, len(self.pending), 1000):  # MLflow's batch limit
+                self.client.log_batch(self.run_id, metrics=self.pending[i : i + 1000])
+        except Exception as e:  # noqa: BLE001 - any tracking failure must not stop training
+            if self.failing_since is None:
+                self.failing_since = time.time()
+                log.warning("MLflow logging failed (%s); buffering metrics and retrying each step", e)
+            self.pending = self.pending[-MAX_BUFFERED_STEPS * 50 :]
+            return
+        if self.failing_since is not None:
+            log.warning("MLflow logging recovered after %.0f s", time.time() - self.failing_since)
+            self.failing_since = None
+        self.pending = []

@@ -1,0 +1,267 @@
+"""The Ray Train worker loop: one RL step as in DESIGN.md, on every learner rank.
+
+    prompts -> rollout service (EAD at the learner's step) -> verifier -> old-logprob pass (T = 1)
+            -> group advantages -> TIS weights -> DeepSpeed update -> weights to the service
+
+Metric names (per RL step; sums are reduced over ranks before averaging):
+    rollout/reward_mean, rollout/accuracy, rollout/response_length, rollout/stop_fraction,
+    rollout/frac_zero_std, rollout/verify_<reason> (counts), policy/entropy, policy/clip_fraction,
+    policy/kl, policy/grad_norm, policy/lr, tis/weight_mean, tis/weight_max, tis/capped_fraction,
+    timing/{generate,score,old_logprob,update,sync,validate,step}, timing/tokens_per_s,
+    val/accuracy, val/response_length (every `validation.every` steps), progress/{step,optimizer_step}.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+
+from trainables.advantages import group_advantages, zero_std_fraction
+from trainables.config import DecodingConfig, TrialConfig
+from trainables.data.arithmetic import Problem
+from trainables.data.tasks import encode_prompt, load_task
+from trainables.learner import Learner, TrainBatch, build_train_batch
+from trainables.losses import tis_weights
+from trainables.rewards.verify import REASONS, score_batch
+from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.step_log import StepLogger
+
+STATE_FILE = "trial_state.json"
+
+
+@contextmanager
+def timed(timings: dict[str, float], key: str):
+    start = time.perf_counter()
+    yield
+    timings[key] = timings.get(key, 0.0) + time.perf_counter() - start
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def step_prompts(num_train: int, step: int, per_step: int, rank: int, world: int, seed: int) -> list[int]:
+    """This rank's prompt indices at an RL step: epoch-wise seeded permutations, read in order.
+
+    A pure function of the step, so a resumed run continues at exactly the same data position.
+    """
+    per_rank = per_step // world
+    start = step * per_step + rank * per_rank
+    out = []
+    for pos in range(start, start + per_rank):
+        epoch, offset = divmod(pos, num_train)
+        perm = np.random.default_rng([seed, epoch]).permutation(num_train)
+        out.append(int(perm[offset]))
+    return out
+
+
+def reduce_sums(values: dict[str, float]) -> dict[str, float]:
+    """Sum each value over ranks (keys must be equal on every rank)."""
+    if not dist.is_initialized():
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def reduce_max(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def sampling_spec(decoding: DecodingConfig, max_new_tokens: int, step: int, seed: int) -> SamplingSpec:
+    return SamplingSpec(schedule=decoding.schedule, params=decoding.schedule_params(),
+                        max_new_tokens=max_new_tokens, top_p=decoding.top_p, step=step, seed=seed)
+
+
+def score(rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
+    """Verifiable rewards [P * n] in a Ray task: its main thread keeps math-verify's timeouts."""
+    golds = [problems[i // rollouts.n].answer for i in range(len(rollouts.texts))]
+    rewards, reasons = ray.get(_score_remote.remote(rollouts.texts, golds))
+    return torch.tensor(rewards, dtype=torch.float32), reasons
+
+
+_score_remote = ray.remote(num_cpus=0)(score_batch)
+
+
+class Trial:
+    """State of one rank's RL loop; `run()` drives it."""
+
+    def __init__(self, cfg: TrialConfig, model_path: str, service, tracking: dict):
+        ctx = ray.train.get_context()
+        self.cfg, self.service = cfg, service
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        seed_everything(cfg.seed + self.rank)
+        self.train_set, self.val_set = load_task(cfg.task, cfg.seed)
+        self.val_set = self.val_set[: cfg.validation.num_prompts]
+        self.learner = Learner(model_path, cfg, world_size=self.world)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.logger = StepLogger(tracking.get("uri"), tracking.get("run_id")) if self.rank == 0 else None
+        self.start_step = 0
+        self.weight_version = 0
+        self.base_val: dict[str, float] = {}
+
+    # -- stages ---------------------------------------------------------------------------------
+    def encode(self, problems: list[Problem]) -> list[list[int]]:
+        return [encode_prompt(self.tokenizer, p) for p in problems]
+
+    def sync_weights(self) -> None:
+        """Push the learner's weights to the rollout service: one object, one remote call."""
+        state = self.learner.full_state_dict()  # collective under ZeRO-3
+        self.weight_version = self.learner.optimizer_step
+        if self.rank == 0:
+            ray.get(self.service.update_weights.remote([ray.put(state)], self.weight_version))
+        if dist.is_initialized():
+            dist.barrier()  # no rank generates before the new weights are in
+
+    def rollout_step(self, step: int) -> dict[str, float]:
+        cfg, t = self.cfg, {}
+        with timed(t, "step"):
+            problems = [self.train_set[i] for i in step_prompts(
+                len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
+            spec = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens,
+                                 self.learner.optimizer_step, seed=cfg.seed * 100_003 + step * 101 + self.rank)
+            with timed(t, "generate"):
+                rollouts = ray.get(self.service.generate.remote(self.encode(problems), cfg.rollout.group_size, spec))
+            with timed(t, "score"):
+                rewards, reasons = score(rollouts, problems)
+            batch = build_train_batch(rollouts, self.pad_id)
+            with timed(t, "old_logprob"):
+                logp_old, _entropy = self.learner.old_logprobs(batch)
+            grouped = rewards.view(len(problems), cfg.rollout.group_size)  # [P, N]
+            advantages = group_advantages(grouped, use_std=cfg.algorithm.use_std).flatten()  # [P * N]
+            tis = tis_weights(logp_old, batch.behaviour_logp, cfg.rollout.tis_cap)  # [B, T]
+            with timed(t, "update"):
+                stats = self.learner.update(batch, advantages, logp_old, tis)
+            with timed(t, "sync"):
+                self.sync_weights()
+        return self.step_metrics(step, rollouts, batch, rewards, grouped, reasons, tis, stats, t)
+
+    def step_metrics(self, step, rollouts, batch: TrainBatch, rewards, grouped, reasons, tis, stats, t):
+        mask = batch.response_mask
+        capped = (tis >= self.cfg.rollout.tis_cap) if self.cfg.rollout.tis_cap else torch.zeros_like(mask)
+        sums = {
+            "seqs": float(len(rollouts.texts)),
+            "groups": float(grouped.shape[0]),
+            "reward": float(rewards.sum()),
+            "length": float(rollouts.num_tokens),
+            "stop": float(sum(r == "stop" for r in rollouts.finish_reasons)),
+            "zero_std": float(zero_std_fraction(grouped)) * grouped.shape[0],
+            "tis_sum": float((tis * mask).sum()),
+            "tis_capped": float((capped & mask).sum()),
+            **{f"verify_{k}": float(reasons.get(k, 0)) for k in REASONS},
+            **{k: v for k, v in stats.items() if k.endswith("_sum") or k == "tokens"},
+        }
+        s = reduce_sums(sums)
+        tokens = max(s["tokens"], 1.0)
+        metrics = {
+            "rollout/reward_mean": s["reward"] / s["seqs"],
+            "rollout/accuracy": s["verify_correct"] / s["seqs"],
+            "rollout/response_length": s["length"] / s["seqs"],
+            "rollout/stop_fraction": s["stop"] / s["seqs"],
+            "rollout/frac_zero_std": s["zero_std"] / s["groups"],
+            **{f"rollout/verify_{k}": s[f"verify_{k}"] for k in REASONS},
+            "policy/entropy": s["entropy_sum"] / tokens,
+            "policy/clip_fraction": s["clipped_sum"] / tokens,
+            "policy/kl": s["kl_sum"] / tokens,
+            "policy/grad_norm": stats["grad_norm"],
+            "policy/lr": stats["lr"],
+            "tis/weight_mean": s["tis_sum"] / tokens,
+            "tis/weight_max": reduce_max(float(tis[mask].max()) if mask.any() else 1.0),
+            "tis/capped_fraction": s["tis_capped"] / tokens,
+            **{f"timing/{k}": reduce_max(v) for k, v in sorted(t.items())},
+            "timing/tokens_per_s": s["length"] / max(reduce_max(t["step"]), 1e-9),
+            "progress/step": step,
+            "progress/optimizer_step": self.learner.optimizer_step,
+        }
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """avg@k on this rank's slice of the validation split, reduced over ranks."""
+        v = self.cfg.validation
+        shard = self.val_set[self.rank :: self.world]
+        spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, self.learner.optimizer_step,
+                             seed=self.cfg.seed * 7919 + 17 + self.rank)  # same draws at every validation
+        rollouts = ray.get(self.service.generate.remote(self.encode(shard), v.samples, spec))
+        rewards, _ = score(rollouts, shard)
+        s = reduce_sums({"seqs": float(len(rewards)), "reward": float(rewards.sum()),
+                         "length": float(rollouts.num_tokens)})
+        return {"val/accuracy": s["reward"] / s["seqs"], "val/response_length": s["length"] / s["seqs"]}
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self, step: int, metrics: dict[str, float]) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            self.learner.save(folder, client_state={"step": step})
+            if self.rank == 0:
+                (Path(folder) / STATE_FILE).write_text(json.dumps({"step": step, "metrics": metrics}))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+    def restore(self) -> None:
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return
+        with checkpoint.as_directory() as folder:
+            self.learner.load(folder)
+            state = json.loads((Path(folder) / STATE_FILE).read_text())
+        self.start_step = state["step"] + 1
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        self.restore()
+        self.sync_weights()  # the service must serve the learner's weights, also after a resume
+        every = cfg.validation.every
+        if every and self.start_step == 0:
+            self.base_val = {f"{k}_base": v for k, v in self.validate().items()}  # before any update
+            self.log(-1, self.base_val)
+        for step in range(self.start_step, cfg.learner.steps):
+            metrics = self.rollout_step(step)
+            last = step == cfg.learner.steps - 1
+            if every and ((step + 1) % every == 0 or last):
+                with timed(t := {}, "validate"):
+                    metrics.update(self.validate())
+                metrics["timing/validate"] = t["validate"]
+            metrics.update(self.base_val)
+            self.log(step, metrics)
+            self.print_progress(step, metrics)
+            if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
+                self.save_checkpoint(step, metrics)
+            elif (step + 1) % cfg.logging.report_every == 0:
+                ray.train.report(metrics)
+
+    def print_progress(self, step: int, m: dict[str, float]) -> None:
+        if self.rank != 0:
+            return
+        val = f" val/accuracy {m['val/accuracy']:.3f}" if "val/accuracy" in m else ""
+        print(f"[trial {self.cfg.name}] step {step + 1}/{self.cfg.learner.steps} "
+              f"reward {m['rollout/reward_mean']:.3f} accuracy {m['rollout/accuracy']:.3f} "
+              f"entropy {m['policy/entropy']:.3f} length {m['rollout/response_length']:.1f}{val} "
+              f"({m['timing/step']:.1f} s)", flush=True)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.logger is not None:
+            self.logger.log(step + 1, metrics)  # MLflow step 0 is the base policy
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train entry point; `config` carries the validated trial spec as plain data."""
+    cfg = TrialConfig.model_validate(config["trial"])
+    Trial(cfg, config["model_path"], config["rollout_service"], config.get("tracking", {})).run()
