@@ -102,7 +102,16 @@ def summary_table(metrics: dict[str, float], title: str) -> Table:
     return table
 
 
-def run(cfg: TrialConfig) -> dict[str, float]:
+def check_fresh(cfg: TrialConfig, resume: bool) -> None:
+    """Ray Train continues a run found under the same (storage, name): only do that when asked."""
+    folder = Path(_storage_uri(cfg.storage)) / cfg.name
+    if "://" not in cfg.storage and folder.exists() and not resume:
+        raise SpecError(f"name: a run named {cfg.name!r} already exists in {folder}; pass --resume to "
+                        f"continue it, or --set name=NEW for a new run")
+
+
+def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
+    check_fresh(cfg, resume)
     model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)
@@ -132,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", help="experiment spec (YAML), e.g. search_spaces/ead.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set learner.steps=10 (repeatable)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run of the same name from its latest checkpoint")
     args = parser.parse_args(argv)
     try:
         cfg = load_trial_spec(args.spec, args.overrides)
-        run(cfg)
+        run(cfg, resume=args.resume)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2

@@ -32,8 +32,8 @@ class TinyModelConfig(Section):
     intermediate_size: PositiveInt = Field(384, description="MLP width.")
     vocab_size: PositiveInt = Field(384, description="Target size of the BPE vocabulary.")
     sft_levels: list[int] = Field([1], description="Task levels of the supervised warm start.")
-    sft_examples: PositiveInt = Field(1500, description="Problems in the warm-start set.")
-    sft_steps: PositiveInt = Field(150, description="Optimizer steps of the warm start.")
+    sft_examples: PositiveInt = Field(300, description="Problems in the warm-start set.")
+    sft_steps: PositiveInt = Field(400, description="Optimizer steps of the warm start.")
     sft_batch_size: PositiveInt = Field(32, description="Sequences per warm-start step.")
     sft_lr: PositiveFloat = Field(3e-3, description="Warm-start peak learning rate.")
 

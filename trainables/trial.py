@@ -242,10 +242,12 @@ class Trial:
             metrics.update(self.base_val)
             self.log(step, metrics)
             self.print_progress(step, metrics)
+            start = time.perf_counter()
             if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 self.save_checkpoint(step, metrics)
             elif (step + 1) % cfg.logging.report_every == 0:
                 ray.train.report(metrics)
+            self.log(step, {"timing/report": time.perf_counter() - start})  # a barrier: costs seconds
 
     def print_progress(self, step: int, m: dict[str, float]) -> None:
         if self.rank != 0:

@@ -26,7 +26,7 @@ from trainables.config import TinyModelConfig
 from trainables.data.arithmetic import SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset
 from trainables.data.tasks import encode_prompt
 
-BOOTSTRAP_VERSION = 1  # bump when the recipe below changes, so stale caches are not reused
+BOOTSTRAP_VERSION = 2  # bump when the recipe below changes, so stale caches are not reused
 EOS = "<|endoftext|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 CHAT_TEMPLATE = (

@@ -1,0 +1,27 @@
+"""The train CLI at the edge: bad input exits non-zero with one line saying what to fix."""
+
+import subprocess
+import sys
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.train", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_bad_spec_exits_with_one_line(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("rollout: {decoding: {ead: {tau_min: 2.0}}}\n")
+    result = run_cli(str(spec))
+    assert result.returncode == 2
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and "rollout.decoding.ead" in lines[0] and "tau_min must be <= tau_max" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_model_folder_exits_with_one_line(tmp_path):
+    result = run_cli("search_spaces/ead.yaml", "--set", f"model.path={tmp_path / 'nowhere'}",
+                     "--set", f"storage={tmp_path / 'runs'}")
+    assert result.returncode == 2
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and "model.path" in lines[0] and "config.json" in lines[0]
