@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainables.config import TrialConfig
 from trainables.data.arithmetic import make_splits
 from trainables.data.tasks import encode_prompt
 from trainables.learner import build_train_batch, last_token_index
@@ -13,13 +12,6 @@ from trainables.rollout.hf import HFEngine
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 
 PROMPTS, GROUP = 4, 4
-
-
-def small_config(num_workers: int) -> TrialConfig:
-    return TrialConfig.model_validate({
-        "rollout": {"group_size": GROUP, "max_new_tokens": 24},
-        "learner": {"num_workers": num_workers, "prompts_per_step": PROMPTS, "micro_batch_size": 4, "lr": 1e-3},
-    })
 
 
 @pytest.fixture(scope="module")
