@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainables.config import TrialConfig
 from trainables.data.arithmetic import make_splits
 from trainables.data.tasks import encode_prompt
 from trainables.learner import build_train_batch, last_token_index
@@ -38,3 +39,64 @@ def test_behaviour_logprobs_match_the_learner_at_temperature_one(rollouts, tiny_
     assert torch.equal(batch.response_mask.sum(1), lengths)
     assert all(batch.response_mask[i, last[i]] and not batch.response_mask[i, last[i] + 1 :].any()
                for i in range(batch.size))
+
+
+def one_update(config: dict) -> None:
+    """Ray Train worker: one optimizer step on this rank's shard of a fixed global batch."""
+    import ray.train
+
+    from trainables.learner import Learner
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    full: RolloutBatch = config["rollouts"]
+    prompts = len(full.prompt_ids) // world
+    rows = slice(rank * prompts * GROUP, (rank + 1) * prompts * GROUP)  # this rank's whole groups
+    shard = RolloutBatch(full.prompt_ids[rank * prompts : (rank + 1) * prompts], full.response_ids[rows],
+                         full.behaviour_logprobs[rows], full.texts[rows], full.finish_reasons[rows], n=GROUP)
+    learner = Learner(config["model_path"], TrialConfig.model_validate(config["trial"]), world_size=world)
+    batch = build_train_batch(shard, pad_id=0)
+    logp_old, _ = learner.old_logprobs(batch)
+    learner.update(batch, config["advantages"][rows], logp_old, torch.ones_like(logp_old))
+    state = learner.full_state_dict()  # every rank calls it (a collective under ZeRO-3)
+    if rank == 0:
+        torch.save(state, config["out"])
+
+
+@pytest.mark.slow
+def test_one_and_two_workers_give_the_same_weights(ray_cluster, rollouts, tiny_model_path, tmp_path):
+    """The loss is normalised by GLOBAL counts: micro-batching and data parallelism change nothing."""
+    import sys
+
+    from ray import cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from transformers import AutoModelForCausalLM
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
+    lr = 1e-3
+    advantages = torch.randn(PROMPTS * GROUP, generator=torch.Generator().manual_seed(0))
+    weights = {}
+    for world in (1, 2):
+        # 16 sequences: 1 rank x 4 micro-batches of 4, or 2 ranks x 2 micro-batches of 4.
+        trial = TrialConfig.model_validate({
+            "rollout": {"group_size": GROUP, "max_new_tokens": 24},
+            "learner": {"num_workers": world, "prompts_per_step": PROMPTS, "micro_batch_size": 4, "lr": lr,
+                        "zero_stage": 2},
+        })
+        out = tmp_path / f"weights-{world}.pt"
+        TorchTrainer(
+            one_update,
+            train_loop_config={"trial": trial.model_dump(mode="json"), "rollouts": rollouts, "out": str(out),
+                               "model_path": str(tiny_model_path), "advantages": advantages},
+            torch_config=TorchConfig(backend="gloo"),
+            scaling_config=ScalingConfig(num_workers=world, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(name=f"dp-{world}", storage_path=str(tmp_path / "ray")),
+        ).fit()
+        weights[world] = torch.load(out)
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    moved = max((weights[1][k] - before[k]).abs().max().item() for k in before)
+    apart = max((weights[2][k] - weights[1][k]).abs().max().item() for k in before)
+    # Adam's first step moves a weight by up to lr; summation order may differ in the last bits.
+    assert moved > 0.5 * lr, moved
+    assert apart < 1e-2 * lr, f"1 vs 2 workers differ by {apart:.2e} (the update moved weights by {moved:.2e})"

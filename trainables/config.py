@@ -36,6 +36,14 @@ class TinyModelConfig(Section):
     sft_steps: PositiveInt = Field(400, description="Optimizer steps of the warm start.")
     sft_batch_size: PositiveInt = Field(32, description="Sequences per warm-start step.")
     sft_lr: PositiveFloat = Field(3e-3, description="Warm-start peak learning rate.")
+    sft_unboxed_rate: float = Field(
+        0.5, ge=0.0, lt=1.0,
+        description="Share of warm-start solutions whose final answer is written plainly instead of in "
+        "\\boxed{}: the base follows the answer format only part of the time, and the verifier's reward "
+        "has to teach it (the format gain RLVR shows first on real base models).",
+    )
+    sft_overlong_rate: float = Field(0.0, ge=0.0, lt=1.0, description="Share of over-long teacher solutions in the warm start.")
+    sft_wrong_rate: float = Field(0.0, ge=0.0, lt=1.0, description="Share of wrong teacher solutions in the warm start.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelConfig:
@@ -132,7 +140,7 @@ class LearnerConfig(Section):
     prompts_per_step: PositiveInt = Field(8, description="Prompts per RL step, over all ranks.")
     minibatches: PositiveInt = Field(1, description="Optimizer steps per RL step.")
     micro_batch_size: PositiveInt = Field(16, description="Sequences per forward/backward on a rank.")
-    lr: PositiveFloat = Field(1e-3, description="AdamW learning rate.")
+    lr: PositiveFloat = Field(1e-4, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
     grad_clip: PositiveFloat | None = Field(1.0, description="Gradient-norm clip; null: off.")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -23,10 +24,10 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from trainables.config import TinyModelConfig
-from trainables.data.arithmetic import SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset
+from trainables.data.arithmetic import SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset, teacher_solution
 from trainables.data.tasks import encode_prompt
 
-BOOTSTRAP_VERSION = 2  # bump when the recipe below changes, so stale caches are not reused
+BOOTSTRAP_VERSION = 6  # bump when the recipe below changes, so stale caches are not reused
 EOS = "<|endoftext|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 CHAT_TEMPLATE = (
@@ -34,6 +35,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 MAX_POSITIONS = 512
+# Warm-start sequences are cut after this many response tokens: an over-long solution is learned as
+# rambling past any sensible max_new_tokens, and the batch stays short enough to train fast.
+SFT_MAX_RESPONSE_TOKENS = 96
+_BOXED_ANSWER = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def cache_key(cfg: TinyModelConfig) -> str:
@@ -104,17 +109,34 @@ def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: 
     return Qwen2ForCausalLM(config)
 
 
-def sft_examples(cfg: TinyModelConfig, tokenizer, seed: int) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length) of correct teacher solutions on the warm-start levels."""
-    problems, _ = make_splits(seed + 2, cfg.sft_levels, train_size=cfg.sft_examples, val_size=1)
-    rows = teacher_dataset(problems, seed, wrong_rate=0.0, overlong_rate=0.0)
-    by_uid = {p.uid: p for p in problems}
-    examples = []
-    for row in rows:
-        prompt = encode_prompt(tokenizer, by_uid[row["uid"]])
-        response = tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        examples.append((prompt + response, len(prompt)))
-    return examples
+def unbox(solution: str) -> str:
+    """The same solution with its final answer written plainly: "\\boxed{42}" -> "42"."""
+    return _BOXED_ANSWER.sub(r"\1", solution)
+
+
+class SFTStream:
+    """Warm-start batches: teacher solutions drawn afresh at every step, imperfect at the configured
+    rates. Fresh draws make a habit (rambling on, a wrong last step) a rate the base learns, not a
+    property of particular problems it memorises; RL then has a real habit to unlearn."""
+
+    def __init__(self, cfg: TinyModelConfig, tokenizer, seed: int):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.problems, _ = make_splits(seed + 2, cfg.sft_levels, train_size=cfg.sft_examples, val_size=1)
+        self.prompts = [encode_prompt(tokenizer, p) for p in self.problems]
+        self.rng = random.Random(seed)
+
+    def example(self) -> tuple[list[int], int]:
+        """(token ids, prompt length) of one teacher solution to one warm-start problem."""
+        i = self.rng.randrange(len(self.problems))
+        text, _ = teacher_solution(self.rng.choice(list(TEACHERS)), self.problems[i], self.rng,
+                                   wrong_rate=self.cfg.sft_wrong_rate, overlong_rate=self.cfg.sft_overlong_rate)
+        if self.rng.random() < self.cfg.sft_unboxed_rate:
+            text = unbox(text)
+        response = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return self.prompts[i] + response[:SFT_MAX_RESPONSE_TOKENS], len(self.prompts[i])
+
+    def batch(self) -> list[tuple[list[int], int]]:
+        return [self.example() for _ in range(self.cfg.sft_batch_size)]
 
 
 def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, ...]:
@@ -129,13 +151,24 @@ def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Ten
     return input_ids, labels, attention
 
 
+def sequence_mean_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean over sequences of each sequence's mean token NLL: logits [B, L, V], labels long[B, L].
+
+    Every solution counts once, however long: a token mean would let the over-long ones dominate.
+    """
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none"
+    )  # [B, L-1]: position j predicts token j + 1
+    counted = (labels[:, 1:] != -100).float()  # [B, L-1]
+    return ((nll * counted).sum(1) / counted.sum(1).clamp(min=1)).mean()
+
+
 def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
     """Tokenizer, model, short supervised warm start (cosine lr), saved as a HF folder."""
     seed = cfg.seed
     tokenizer = build_tokenizer(cfg, seed)
     model = build_model(cfg, tokenizer, seed)
-    examples = sft_examples(cfg, tokenizer, seed)
-    rng = random.Random(seed)
+    stream = SFTStream(cfg, tokenizer, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / cfg.sft_steps))
@@ -143,8 +176,8 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
     model.train()
     bar = tqdm(range(cfg.sft_steps), desc="warm-starting the tiny policy", unit="step")
     for _ in bar:
-        input_ids, labels, attention = _collate(rng.sample(examples, cfg.sft_batch_size), tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        input_ids, labels, attention = _collate(stream.batch(), tokenizer.pad_token_id)
+        loss = sequence_mean_nll(model(input_ids=input_ids, attention_mask=attention).logits, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
