@@ -162,7 +162,10 @@ class CheckpointConfig(Section):
 
 
 class LoggingConfig(Section):
-    report_every: PositiveInt = Field(1, description="Report metrics to Ray Train every k steps.")
+    report_every: PositiveInt = Field(
+        5, description="Report metrics to Ray Train (and so to Tune) every k steps, and at every "
+        "validation. Measured on 2 cores: reporting every step cost 0.44 s a call (22% of wall time), "
+        "every 2nd step 0.004 s. MLflow gets every step from rank 0 regardless.")
     tracking_uri: str | None = Field(
         None, description="MLflow tracking URI; null: a sqlite store inside the run's storage folder."
     )

@@ -187,8 +187,9 @@ class Trial:
             "tis/weight_mean": s["tis_sum"] / tokens,
             "tis/weight_max": reduce_max(float(tis[mask].max()) if mask.any() else 1.0),
             "tis/capped_fraction": s["tis_capped"] / tokens,
-            **{f"timing/{k}": reduce_max(v) for k, v in sorted(t.items())},
-            "timing/tokens_per_s": s["length"] / max(reduce_max(t["step"]), 1e-9),
+            # Rank 0's own phases: they add up to its step, which the sync barrier aligns with every rank's.
+            **{f"timing/{k}": v for k, v in sorted(t.items())},
+            "timing/tokens_per_s": s["length"] / max(t["step"], 1e-9),
             "progress/step": step,
             "progress/optimizer_step": self.learner.optimizer_step,
         }
@@ -245,9 +246,11 @@ class Trial:
             start = time.perf_counter()
             if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 self.save_checkpoint(step, metrics)
-            elif (step + 1) % cfg.logging.report_every == 0:
+            elif (step + 1) % cfg.logging.report_every == 0 or "val/accuracy" in metrics:
                 ray.train.report(metrics)
-            self.log(step, {"timing/report": time.perf_counter() - start})  # a barrier: costs seconds
+            else:
+                continue
+            self.log(step, {"timing/report": time.perf_counter() - start})  # a barrier of all ranks
 
     def print_progress(self, step: int, m: dict[str, float]) -> None:
         if self.rank != 0:
