@@ -1,0 +1,76 @@
+"""OGER (Offline-Guided Exploration Reward) for one prompt: pure functions of tensors.
+
+For the N online trajectories of a prompt and its M offline (teacher) trajectories, with embeddings
+E_on [N, d] and E_off [M, d] from one encoder:
+
+    s_ij = cos(E_on_i, E_off_j)                                    (OGER eq. 3)
+    sim_i = (1 / M) sum_j s_ij                                       (eq. 4)
+    D_i = 1 - sim_i                                                  (eq. 5)
+    R_OGER_i = D_i * exp(-H_i) * R_m_i                               (eq. 7; H_i of eq. 6)
+    R_i = R_m_i + R_OGER_i  online,   R_i = R_m_i  offline           (eq. 8)
+
+Divergence-aware replacement (section 3.2): the k online trajectories of lowest D are replaced by k
+offline ones, and the advantage is computed over the hybrid group (eq. 9).
+"""
+
+from __future__ import annotations
+
+import torch
+
+COSINE_EPS = 1e-8  # a zero embedding has cosine 0 with everything instead of NaN
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """OGER eq. 3: s_ij = a_i . b_j / (|a_i| |b_j|). a: [N, d], b: [M, d] -> [N, M].
+
+    The inputs need not be normalised; norms are clamped at COSINE_EPS.
+    """
+    a_unit = a / a.norm(dim=-1, keepdim=True).clamp(min=COSINE_EPS)  # [N, d]
+    b_unit = b / b.norm(dim=-1, keepdim=True).clamp(min=COSINE_EPS)  # [M, d]
+    return a_unit @ b_unit.T  # [N, M]
+
+
+def oger_rewards(
+    online_emb: torch.Tensor,
+    offline_emb: torch.Tensor,
+    last_token_entropy: torch.Tensor,
+    verifiable: torch.Tensor,
+    *,
+    refine: bool = True,
+) -> dict[str, torch.Tensor]:
+    """OGER eq. 3-8 for ONE prompt's online trajectories.
+
+    online_emb: [N, d]; offline_emb: [M, d] (M >= 1); last_token_entropy: H_i [N] (eq. 6, nats);
+    verifiable: R_m [N] in {0, 1}. refine=False drops the exp(-H) factor (the paper's
+    "w/o refinement" ablation: R_OGER = D * R_m).
+    Returns float tensors [N]: similarity (sim_i, eq. 4), divergence (D_i, eq. 5),
+    exploration (R_OGER_i, eq. 7) and total (R_m + R_OGER, eq. 8).
+    """
+    n = online_emb.shape[0]
+    if offline_emb.dim() != 2 or offline_emb.shape[0] == 0 or offline_emb.shape[1] != online_emb.shape[1]:
+        raise ValueError(f"offline_emb must be [M >= 1, {online_emb.shape[1]}], got {tuple(offline_emb.shape)}; "
+                         "a prompt without offline trajectories has no OGER reward")
+    if last_token_entropy.shape != (n,) or verifiable.shape != (n,):
+        raise ValueError(f"last_token_entropy and verifiable must be [{n}], got "
+                         f"{tuple(last_token_entropy.shape)} and {tuple(verifiable.shape)}")
+    similarity = cosine_matrix(online_emb.float(), offline_emb.float()).mean(dim=1)  # [N]
+    divergence = 1.0 - similarity  # [N]
+    r_m = verifiable.to(divergence.dtype)  # [N]
+    exploration = divergence * r_m  # [N]; wrong answers get no exploration reward
+    if refine:
+        exploration = exploration * torch.exp(-last_token_entropy.to(divergence.dtype))  # [N]
+    return {"similarity": similarity, "divergence": divergence, "exploration": exploration,
+            "total": r_m + exploration}
+
+
+def replacement_indices(divergence: torch.Tensor, k: int) -> torch.Tensor:
+    """OGER section 3.2: indices of the k online trajectories of lowest divergence D, to be replaced.
+
+    divergence: [N]; 0 <= k < N (at least one online member stays). Ties go to the lower index.
+    Returns long[k], ascending.
+    """
+    n = divergence.shape[0]
+    if not 0 <= k < n:
+        raise ValueError(f"replacement density k must be in [0, {n - 1}] for a group of {n}, got {k}")
+    order = torch.sort(divergence, stable=True).indices  # [N], lowest D first, ties by index
+    return order[:k].sort().values
