@@ -28,6 +28,7 @@ WORKER_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "DS_ACCELERATOR": "cpu",
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "180",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # Train's print-to-logger patch shows every line twice
     "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
 }
 
@@ -52,14 +53,16 @@ def init_ray(num_cpus: int) -> None:
     if address:
         ray.init(address=address, runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV}, include_dashboard=False,
-                 log_to_driver=True)
+        # The dashboard serves the State API; without it Ray Train's placement-group cleaner warns
+        # about it every few seconds.
+        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV}, include_dashboard=True,
+                 dashboard_host="127.0.0.1", log_to_driver=True)
 
 
 def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, run_callbacks: list | None = None):
     """Start the trial's rollout service, run the Ray Train loop, return the Train `Result`."""
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from trainables.rollout.service import start_rollout_service
@@ -79,6 +82,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, run_callbac
                 storage_path=_storage_uri(cfg.storage),
                 checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
                 failure_config=FailureConfig(max_failures=0),
+                logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics
                 callbacks=run_callbacks or [],
             ),
         )

@@ -14,6 +14,7 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
 from __future__ import annotations
 
 import json
+import logging
 import random
 import tempfile
 import time
@@ -268,5 +269,6 @@ class Trial:
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # not a line per report with all its metrics
     cfg = TrialConfig.model_validate(config["trial"])
     Trial(cfg, config["model_path"], config["rollout_service"], config.get("tracking", {})).run()
