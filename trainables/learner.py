@@ -18,7 +18,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from trainables.config import TrialConfig
-from trainables.losses import aggregate_loss, entropy_from_logits, kl_k3, ppo_token_loss
+from trainables.losses import aggregate_loss, entropy_from_logits, kl_k3, policy_shaping_loss, ppo_token_loss
 from trainables.rollout.types import RolloutBatch, pad_right
 
 
@@ -62,6 +62,26 @@ def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
     """
     cols = torch.arange(response_mask.shape[1]).expand_as(response_mask)
     return torch.where(response_mask, cols, -1).max(dim=1).values.clamp(min=0)
+
+
+def last_token_entropy(entropy: torch.Tensor, response_mask: torch.Tensor, finished: torch.Tensor,
+                       where: str) -> torch.Tensor:
+    """OGER eq. 6 input: H at each row's last position. entropy [B, T], mask bool[B, T], finished bool[B].
+
+    where="eos": the position that emitted the final token (EOS when finished), the paper's literal
+    "last token". where="content": for a finished row of two or more tokens, the position that
+    emitted the last token before EOS (EOS itself is near-certain, so its entropy says little).
+    Returns [B].
+    """
+    last = last_token_index(response_mask)  # [B]
+    if where == "content":
+        last = torch.where(finished & (response_mask.sum(1) > 1), last - 1, last)
+    return entropy.gather(1, last[:, None]).squeeze(1)
+
+
+def align_columns(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, T] -> [B, width]: cut or zero-pad on the right (rows share their column coordinates)."""
+    return torch.nn.functional.pad(values[:, :width], (0, max(0, width - values.shape[1])))
 
 
 def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16: bool) -> dict:
@@ -141,11 +161,15 @@ class Learner:
         return torch.cat(logps), torch.cat(entropies)
 
     def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor,
-               tis: torch.Tensor) -> dict[str, float]:
+               tis: torch.Tensor, offpolicy: torch.Tensor | None = None) -> dict[str, float]:
         """`minibatches` optimizer steps over the rank's batch; advantages [B], tis [B, T].
 
+        offpolicy: bool[B], True on teacher rows: their tokens take LUFFY's shaped loss -A f(p), with
+        no ratio, clip or TIS; the other rows keep the PPO/TIS term.
         Returns per-rank sums for metrics (`*_sum` over response tokens, plus `tokens`).
         """
+        if offpolicy is None:
+            offpolicy = torch.zeros(batch.size, dtype=torch.bool)
         self.engine.train()
         algo = self.cfg.algorithm
         sums: dict[str, float] = {}
@@ -163,9 +187,14 @@ class Learner:
                 micro = batch.rows(idx)
                 logp, logits = self._forward(self.engine, micro)
                 mmask = micro.response_mask.to(self.device)
-                pg, clipped = ppo_token_loss(logp, logp_old[idx].to(self.device), advantages[idx].to(self.device),
+                adv = advantages[idx].to(self.device)
+                pg, clipped = ppo_token_loss(logp, logp_old[idx].to(self.device), adv,
                                              clip_low=algo.clip_low, clip_high=algo.clip_high)
                 pg = pg * tis[idx].to(self.device)
+                teacher = offpolicy[idx].to(self.device)[:, None]  # [b, 1]
+                if teacher.any():
+                    shaped = policy_shaping_loss(logp, adv, gamma=algo.shaping_gamma)
+                    pg, clipped = torch.where(teacher, shaped, pg), clipped & ~teacher
                 entropy = entropy_from_logits(logits)
                 loss = aggregate_loss(algo.loss_agg, pg, mmask, **norm)
                 if algo.entropy_coef:
@@ -179,7 +208,7 @@ class Learner:
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()  # an optimizer step only at the accumulation boundary
                 for key, val in (("pg_loss", pg), ("entropy", entropy), ("clipped", clipped.float()),
-                                 ("kl", kl)):
+                                 ("kl", kl), ("offpolicy", teacher.expand_as(pg).float())):
                     sums[f"{key}_sum"] = sums.get(f"{key}_sum", 0.0) + float((val.detach() * mmask).sum())
             sums["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
         sums["tokens"] = float(batch.response_mask.sum())

@@ -1,20 +1,23 @@
 """The Ray Train worker loop: one RL step as in DESIGN.md, on every learner rank.
 
     prompts -> rollout service (EAD at the learner's step) -> verifier -> old-logprob pass (T = 1)
+            -> [luffy / oger*: teacher members and OGER reward, trainables/hybrid.py]
             -> group advantages -> TIS weights -> DeepSpeed update -> weights to the service
 
 Metric names (per RL step; sums are reduced over ranks before averaging):
     rollout/reward_mean, rollout/accuracy, rollout/response_length, rollout/stop_fraction,
     rollout/frac_zero_std, rollout/verify_<reason> (counts), policy/entropy, policy/clip_fraction,
     policy/kl, policy/grad_norm, policy/lr, tis/weight_mean, tis/weight_max, tis/capped_fraction,
-    timing/{generate,score,old_logprob,update,sync,validate,step}, timing/tokens_per_s,
+    timing/{generate,score,old_logprob,offline,update,sync,validate,step}, timing/tokens_per_s,
+    policy/offpolicy_token_share; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
+    rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
+    exploration_mean,exploration_max}.
     val/accuracy, val/response_length (every `validation.every` steps), progress/{step,optimizer_step}.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import random
 import tempfile
 import time
@@ -30,7 +33,9 @@ from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.tasks import encode_prompt, load_task
-from trainables.learner import Learner, TrainBatch, build_train_batch
+from trainables.data.offline import OfflineStore
+from trainables.hybrid import HybridGroups, build_hybrid
+from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
 from trainables.rewards.verify import REASONS, score_batch
 from trainables.rollout.types import RolloutBatch, SamplingSpec
@@ -103,9 +108,10 @@ _score_remote = ray.remote(num_cpus=0)(score_batch)
 class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
-    def __init__(self, cfg: TrialConfig, model_path: str, service, tracking: dict):
+    def __init__(self, cfg: TrialConfig, model_path: str, service, tracking: dict, *,
+                 store: OfflineStore | None = None, embedder=None):
         ctx = ray.train.get_context()
-        self.cfg, self.service = cfg, service
+        self.cfg, self.service, self.store, self.embedder = cfg, service, store, embedder
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         seed_everything(cfg.seed + self.rank)
         self.train_set, self.val_set = load_task(cfg.task, cfg.seed)
@@ -142,19 +148,69 @@ class Trial:
                                  self.learner.optimizer_step, seed=cfg.seed * 100_003 + step * 101 + self.rank)
             with timed(t, "generate"):
                 rollouts = ray.get(self.service.generate.remote(self.encode(problems), cfg.rollout.group_size, spec))
+            online = rollouts
             with timed(t, "score"):
                 rewards, reasons = score(rollouts, problems)
             batch = build_train_batch(rollouts, self.pad_id)
             with timed(t, "old_logprob"):
-                logp_old, _entropy = self.learner.old_logprobs(batch)
-            grouped = rewards.view(len(problems), cfg.rollout.group_size)  # [P, N]
+                logp_old, entropy = self.learner.old_logprobs(batch)  # entropy: the OGER H source, T = 1
+            offpolicy, mixed = torch.zeros(batch.size, dtype=torch.bool), {}
+            if cfg.preset.uses_offline:
+                with timed(t, "offline"):
+                    hybrid = self.mix_offline(step, rollouts, problems, rewards, entropy, batch)
+                rollouts, rewards, offpolicy, mixed = hybrid.rollouts, hybrid.rewards, hybrid.offpolicy, hybrid.metrics
+                batch = build_train_batch(rollouts, self.pad_id)
+                # Online rows keep their columns; teacher rows get 0 = behaviour 0, so a TIS weight of 1.
+                logp_old = align_columns(logp_old, batch.response_mask.shape[1]) * (~offpolicy)[:, None]
+            grouped = rewards.view(len(problems), cfg.rollout.group_size)  # [P, N], hybrid for luffy/oger
             advantages = group_advantages(grouped, use_std=cfg.algorithm.use_std).flatten()  # [P * N]
             tis = tis_weights(logp_old, batch.behaviour_logp, cfg.rollout.tis_cap)  # [B, T]
             with timed(t, "update"):
-                stats = self.learner.update(batch, advantages, logp_old, tis)
+                stats = self.learner.update(batch, advantages, logp_old, tis, offpolicy)
             with timed(t, "sync"):
                 self.sync_weights()
-        return self.step_metrics(step, rollouts, batch, rewards, grouped, reasons, tis, stats, t)
+        metrics = self.step_metrics(step, online, batch, rewards, grouped, reasons, tis, stats, t)
+        return metrics | self.offline_metrics(mixed)
+
+    def mix_offline(self, step, rollouts, problems, rewards, entropy, batch) -> HybridGroups:
+        """Teacher trajectories into the groups (luffy / oger*), OGER's reward on the online ones."""
+        cfg = self.cfg
+        finished = torch.tensor([r == "stop" for r in rollouts.finish_reasons])
+        last_entropy = last_token_entropy(entropy, batch.response_mask, finished, cfg.algorithm.last_token)
+        embed = None
+        if self.embedder is not None:
+            embed = lambda texts, keys: ray.get(self.embedder.embed.remote(texts, keys))  # noqa: E731
+        golds = [p.answer for p in problems]
+
+        def score_texts(texts: list[str], answers: list[str]) -> torch.Tensor:
+            return torch.tensor(ray.get(_score_remote.remote(texts, answers))[0])
+
+        return build_hybrid(
+            rollouts, [p.question for p in problems], golds, rewards, last_entropy, preset=cfg.preset,
+            k=cfg.algorithm.replacement_density, store=self.store, embed=embed, score=score_texts,
+            tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens,
+            rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
+        )
+
+    def offline_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """oger/* and offline/* of the step (reduced over ranks); nothing for grpo."""
+        if not self.cfg.preset.uses_offline:
+            return {}
+        exploration_max = reduce_max(sums.pop("oger_exploration_max"))
+        s = reduce_sums(sums)
+        out = {
+            "offline/replaced": s["replaced"],
+            "offline/accuracy": s["offline_correct"] / max(s["replaced"], 1.0),
+            "offline/groups_without_data": s["no_offline_groups"],
+            "rollout/accuracy_online_kept": s["online_correct"] / max(s["online"], 1.0),
+        }
+        if self.cfg.preset.needs_embeddings:
+            scored = max(s["oger_scored"], 1.0)
+            out |= {"oger/divergence_mean": s["oger_divergence"] / scored,
+                    "oger/last_token_entropy_mean": s["oger_entropy"] / scored,
+                    "oger/exploration_mean": s["oger_exploration"] / scored,
+                    "oger/exploration_max": exploration_max}
+        return out
 
     def step_metrics(self, step, rollouts, batch: TrainBatch, rewards, grouped, reasons, tis, stats, t):
         mask = batch.response_mask
@@ -183,6 +239,7 @@ class Trial:
             "policy/entropy": s["entropy_sum"] / tokens,
             "policy/clip_fraction": s["clipped_sum"] / tokens,
             "policy/kl": s["kl_sum"] / tokens,
+            "policy/offpolicy_token_share": s["offpolicy_sum"] / tokens,
             "policy/grad_norm": stats["grad_norm"],
             "policy/lr": stats["lr"],
             "tis/weight_mean": s["tis_sum"] / tokens,
@@ -269,6 +326,6 @@ class Trial:
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
-    logging.getLogger("ray.train").setLevel(logging.WARNING)  # not a line per report with all its metrics
     cfg = TrialConfig.model_validate(config["trial"])
-    Trial(cfg, config["model_path"], config["rollout_service"], config.get("tracking", {})).run()
+    Trial(cfg, config["model_path"], config["rollout_service"], config.get("tracking", {}),
+          store=config.get("offline_store"), embedder=config.get("embedding_service")).run()

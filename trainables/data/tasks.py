@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from trainables.config import TaskConfig
+from collections import Counter
+
+from trainables.config import TaskConfig, TrialConfig
 from trainables.data.arithmetic import Problem, make_splits, prompt_messages
+from trainables.data.offline import OfflineStore, build_store, builtin_rows, read_rows
 
 
 def load_task(cfg: TaskConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
@@ -17,3 +20,21 @@ def encode_prompt(tokenizer, problem: Problem) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in some versions
         ids = ids["input_ids"]
     return list(ids)
+
+
+def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem]) -> OfflineStore:
+    """The trial's teacher trajectories: the built-in teachers on the train split, then any files,
+    filtered by the policy-token cap and the verifier (`trainables.data.offline`)."""
+    off = cfg.offline
+    rows = builtin_rows(train, teachers=off.teachers, seed=cfg.seed, wrong_rate=off.wrong_rate,
+                        overlong_rate=off.overlong_rate) if off.teachers else []
+    skipped: Counter = Counter()
+    for source in off.files:
+        file_rows, file_skipped = read_rows(source.path, source.columns)
+        rows += file_rows
+        skipped += file_skipped
+
+    def count_tokens(text: str) -> int:  # with the EOS the learner appends
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+
+    return build_store(rows, count_tokens=count_tokens, max_tokens=cfg.offline_max_tokens, skipped=skipped)

@@ -1,0 +1,382 @@
+"""The multi-teacher offline store: teacher solutions per prompt, filtered as the OGER paper filters them.
+
+Raw rows are plain dicts, one per (prompt, target):
+
+    {"question": str, "answer": str, "teacher": str, "solution": str}
+
+They come from the built-in teachers (`builtin_rows`) or from a LUFFY / OpenR1-style file
+(`read_rows`: Parquet or JSONL). `build_store` normalises each solution to begin with `<think>`, then
+keeps the rows that fit a token cap and that the online reward's verifier accepts (OGER: a length cap
+and a math-verify correctness check over three teachers), and records what the paper's Table 1
+reports per teacher. Prompts are keyed by the question text, stripped.
+
+Malformed rows never raise: each is skipped and counted under a reason `"<kind>:<field>"`, kind one
+of missing / type / empty (plus "invalid:json" and "type:row" for JSONL lines that are not objects);
+the filters count "overlong" and "incorrect". Only an empty store raises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainables.data.arithmetic import TEACHERS, Problem, teacher_dataset
+from trainables.rewards.verify import THINK_OPEN, score_batch
+
+RAW_KEYS = ("question", "answer", "teacher", "solution")
+# Our field -> dotted column path in a LUFFY / OpenR1-Math-46k file (RESEARCH.md section 2).
+DEFAULT_COLUMNS: dict[str, str] = {
+    "prompt": "prompt",  # a string, or a chat list of {role, content}: the last user turn is the question
+    "target": "target",  # a string, a list of strings, or a list of {role, content}: one row per element
+    "ground_truth": "reward_model.ground_truth",  # a non-empty string
+    "source": "data_source",  # the teacher's name; "offline" where absent
+}
+DEFAULT_TEACHER = "offline"
+PARQUET_BATCH_ROWS = 1024  # read Parquet in batches: long targets make a whole table large in memory
+_UNPARSABLE = object()  # a JSONL line that is not JSON
+_MISSING = object()  # an absent column, or a null in it
+
+
+@dataclass(frozen=True)
+class OfflineTrajectory:
+    teacher: str
+    text: str  # the response, starting at "<think>"
+    num_tokens: int  # by the policy tokenizer's count
+
+
+@dataclass
+class TeacherStats:
+    """Running counts for one teacher; the means and the accuracy are derived, never stored."""
+
+    read: int = 0  # well-formed rows
+    accepted: int = 0  # rows the verifier accepts, before any filter
+    valid: int = 0  # rows kept: accepted and within the token cap
+    read_tokens: int = 0
+    valid_tokens: int = 0
+
+    @property
+    def accuracy_before_filter(self) -> float:
+        return self.accepted / self.read if self.read else 0.0
+
+    @property
+    def mean_tokens_read(self) -> float:
+        return self.read_tokens / self.read if self.read else 0.0
+
+    @property
+    def mean_tokens_valid(self) -> float:
+        return self.valid_tokens / self.valid if self.valid else 0.0
+
+
+class _Malformed(Exception):
+    """A row (or one target of it) that cannot be used; `reason` is its skip-count key."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- sources of raw rows ---------------------------------------------------------------------------
+def builtin_rows(problems: Sequence[Problem], *, teachers: Sequence[str] = tuple(TEACHERS), seed: int,
+                 wrong_rate: float, overlong_rate: float) -> list[dict[str, str]]:
+    """Raw rows [len(problems) * len(teachers)] from the built-in teachers (wrong / over-long ones included)."""
+    rows = teacher_dataset(problems, seed, teachers=teachers, wrong_rate=wrong_rate, overlong_rate=overlong_rate)
+    return [{key: row[key] for key in RAW_KEYS} for row in rows]
+
+
+def _parquet_records(path: Path) -> Iterator[Any]:
+    import pyarrow.parquet as pq  # only where a Parquet file is read
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        yield from batch.to_pylist()  # struct columns come back as nested dicts
+
+
+def _jsonl_records(path: Path) -> Iterator[Any]:
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if not line.strip():
+                continue  # blank lines (a trailing newline) are not rows
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                yield _UNPARSABLE
+
+
+# Suffix -> reader of that format's records; the error for an unknown suffix lists these keys.
+READERS: dict[str, Callable[[Path], Iterator[Any]]] = {
+    ".parquet": _parquet_records,
+    ".jsonl": _jsonl_records,
+    ".json-lines": _jsonl_records,
+}
+
+
+def _lookup(record: Mapping[str, Any], path: str) -> Any:
+    """record[path] if a flat column has that name, else the walk down its dots; _MISSING if absent or null."""
+    if path in record:
+        value = record[path]
+    else:
+        value = record
+        for part in path.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                return _MISSING
+            value = value[part]
+    return _MISSING if value is None else value
+
+
+def _text(value: Any, field: str) -> str:
+    """`value` as a non-empty string, or _Malformed("missing|type|empty:<field>")."""
+    if value is _MISSING:
+        raise _Malformed(f"missing:{field}")
+    if not isinstance(value, str):
+        raise _Malformed(f"type:{field}")
+    if not value.strip():
+        raise _Malformed(f"empty:{field}")
+    return value
+
+
+def _prompt_text(value: Any) -> str:
+    """The question: the string itself, or the content of a chat list's last user turn."""
+    if isinstance(value, list):
+        users = [turn for turn in value if isinstance(turn, Mapping) and turn.get("role") == "user"]
+        value = users[-1].get("content", _MISSING) if users else _MISSING
+    return _text(_MISSING if value is None else value, "prompt")
+
+
+def _target_items(value: Any) -> list[Any]:
+    """The targets of a row: [value] for a string, the elements of a list (each one row)."""
+    if value is _MISSING:
+        raise _Malformed("missing:target")
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise _Malformed("type:target")
+    if not value:
+        raise _Malformed("empty:target")
+    return value
+
+
+def _target_text(item: Any) -> str:
+    """One target: a string, or a {role, content} message's content."""
+    if isinstance(item, Mapping):
+        item = item.get("content", _MISSING)
+    return _text(_MISSING if item is None else item, "target")
+
+
+def _source(value: Any) -> str:
+    """The teacher's name; DEFAULT_TEACHER where the column is absent, null or empty."""
+    if value is _MISSING or (isinstance(value, str) and not value.strip()):
+        return DEFAULT_TEACHER
+    if not isinstance(value, str):
+        raise _Malformed("type:source")
+    return value.strip()
+
+
+def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str, str]], Counter]:
+    """Raw rows [number of good targets] of one file record, and the skip counts of the bad parts."""
+    if record is _UNPARSABLE:
+        return [], Counter({"invalid:json": 1})
+    if not isinstance(record, Mapping):
+        return [], Counter({"type:row": 1})
+    try:  # a bad prompt, ground truth or source loses the whole record: count it once
+        question = _prompt_text(_lookup(record, columns["prompt"]))
+        answer = _text(_lookup(record, columns["ground_truth"]), "ground_truth")
+        teacher = _source(_lookup(record, columns["source"]))
+        items = _target_items(_lookup(record, columns["target"]))
+    except _Malformed as bad:
+        return [], Counter({bad.reason: 1})
+    rows, skipped = [], Counter()
+    for item in items:  # a bad target loses only itself
+        try:
+            rows.append({"question": question, "answer": answer, "teacher": teacher, "solution": _target_text(item)})
+        except _Malformed as bad:
+            skipped[bad.reason] += 1
+    return rows, skipped
+
+
+def _resolve_columns(columns: Mapping[str, str] | None) -> dict[str, str]:
+    """DEFAULT_COLUMNS with `columns` laid over it; unknown names raise with the known ones."""
+    unknown = sorted(set(columns or {}) - set(DEFAULT_COLUMNS))
+    if unknown:
+        raise ValueError(f"unknown offline column names {unknown}; the mapping's keys are {sorted(DEFAULT_COLUMNS)} "
+                         f"(defaults {DEFAULT_COLUMNS})")
+    return {**DEFAULT_COLUMNS, **(columns or {})}
+
+
+def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tuple[list[dict[str, str]], Counter]:
+    """(raw rows, skip counts by reason) from a Parquet or JSONL file in LUFFY / OpenR1 layout.
+
+    The format follows the suffix (.parquet, .jsonl, .json-lines). `columns` maps our field names to
+    dotted column paths, overriding any of the defaults (DEFAULT_COLUMNS):
+
+        prompt       -> "prompt"                     string, or chat list: last user turn's content
+        target       -> "target"                     string, list of strings, or list of {role, content}
+        ground_truth -> "reward_model.ground_truth"  non-empty string (nested dict in Parquet / JSON)
+        source       -> "data_source"                teacher name; "offline" where absent
+
+    Every element of a target list is one row. Malformed records are skipped and counted, never raised.
+    """
+    path = Path(path)
+    suffix = next((s for s in READERS if path.name.lower().endswith(s)), None)
+    if suffix is None:
+        raise ValueError(f"offline data file {str(path)!r} has an unknown suffix; use one of {sorted(READERS)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"offline data file {str(path)!r} does not exist; check the path in the spec")
+    mapping = _resolve_columns(columns)
+    rows, skipped = [], Counter()
+    for record in READERS[suffix](path):
+        good, bad = _record_rows(record, mapping)
+        rows += good
+        skipped += bad
+    return rows, skipped
+
+
+# -- filtering -------------------------------------------------------------------------------------
+def normalise_target(text: str) -> str:
+    """The response as our prompts expect it, opening with "<think>".
+
+    LUFFY strips a leading "<think>\\n" from its targets: put "<think>" back where it is missing, and
+    drop the newline right after it, so both spellings give the same text.
+    """
+    if text.startswith(THINK_OPEN + "\n"):
+        return THINK_OPEN + text[len(THINK_OPEN) + 1:]
+    return text if text.startswith(THINK_OPEN) else THINK_OPEN + text
+
+
+def _raw_row_problem(row: Any) -> str | None:
+    """The skip reason of a malformed raw row ("missing:answer", "type:solution", ...), else None."""
+    if not isinstance(row, Mapping):
+        return "type:row"
+    for key in RAW_KEYS:
+        if row.get(key) is None:
+            return f"missing:{key}"
+        if not isinstance(row[key], str):
+            return f"type:{key}"
+        if not row[key].strip():
+            return f"empty:{key}"
+    return None
+
+
+def _well_formed(rows: Iterable[Any], skipped: Counter) -> list[dict[str, str]]:
+    """The usable raw rows, solutions normalised, teacher names stripped; counts the rest in `skipped`."""
+    kept = []
+    for row in rows:
+        reason = _raw_row_problem(row)
+        if reason is not None:
+            skipped[reason] += 1
+            continue
+        kept.append({**row, "teacher": row["teacher"].strip(), "solution": normalise_target(row["solution"])})
+    return kept
+
+
+def _empty_store_message(given: int, well_formed: int, max_tokens: int, skipped: Counter,
+                         reasons: Mapping[str, int]) -> str:
+    """One line: what was read, why all of it was dropped, what to check."""
+    dropped = ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())) or "nothing"
+    verdicts = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items()) if v) or "none"
+    return (f"the offline store is empty: {given} rows given, {well_formed} well-formed, 0 kept "
+            f"(dropped: {dropped}; verifier: {verdicts}); check max_tokens={max_tokens} against the teachers' "
+            "lengths, that solutions box the answer after </think>, and the column mapping / ground truths")
+
+
+def build_store(rows: Iterable[Any], *, count_tokens: Callable[[str], int], max_tokens: int,
+                score: Callable[[Sequence[str], Sequence[str]], tuple[list[float], Mapping[str, int]]] = score_batch,
+                skipped: Mapping[str, int] | None = None) -> OfflineStore:
+    """The store of the raw rows that fit `max_tokens` and that `score` accepts.
+
+    count_tokens: the policy tokenizer's token count of a response; a row over `max_tokens` is
+    "overlong" (checked first: a row both over-long and wrong counts as "overlong"). score: the online
+    reward's verifier, (responses [B], golds [B]) -> (rewards [B], reason counts); reward 0 is
+    "incorrect". Every well-formed row is scored, the over-long ones too, because Table 1's accuracy
+    is before filtering. `skipped`: counts already made (read_rows'), carried into the store.
+    Raises ValueError, one line, when no row survives.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be > 0, got {max_tokens}; set the offline length cap in tokens")
+    rows = list(rows)
+    skipped = Counter(skipped or {})
+    kept = _well_formed(rows, skipped)
+    rewards, reasons = score([r["solution"] for r in kept], [r["answer"] for r in kept])
+    by_prompt, stats = defaultdict(list), {}
+    for row, reward in zip(kept, rewards, strict=True):
+        num_tokens = count_tokens(row["solution"])
+        teacher = stats.setdefault(row["teacher"], TeacherStats())
+        teacher.read, teacher.read_tokens = teacher.read + 1, teacher.read_tokens + num_tokens
+        teacher.accepted += int(reward > 0)
+        verdict = "overlong" if num_tokens > max_tokens else "incorrect" if reward <= 0 else None
+        if verdict is not None:
+            skipped[verdict] += 1
+            continue
+        teacher.valid, teacher.valid_tokens = teacher.valid + 1, teacher.valid_tokens + num_tokens
+        by_prompt[row["question"].strip()].append(OfflineTrajectory(row["teacher"], row["solution"], num_tokens))
+    if not by_prompt:
+        raise ValueError(_empty_store_message(len(rows), len(kept), max_tokens, skipped, reasons))
+    return OfflineStore(dict(by_prompt), stats, skipped, reasons)
+
+
+# -- the store -------------------------------------------------------------------------------------
+TABLE_COLUMNS = (  # (key in teacher_table rows, header in format_table)
+    ("teacher", "teacher"),
+    ("read", "read"),
+    ("valid", "valid"),
+    ("mean_tokens_read", "avg tokens (read)"),
+    ("mean_tokens_valid", "avg tokens (valid)"),
+    ("accuracy_before_filter", "accuracy before filter"),
+)
+
+
+class OfflineStore:
+    """Teacher trajectories by prompt (question text, stripped), with the filter's statistics."""
+
+    def __init__(self, by_prompt: dict[str, list[OfflineTrajectory]], stats: dict[str, TeacherStats],
+                 skipped: Counter, verifier_reasons: Mapping[str, int]):
+        self._by_prompt = by_prompt
+        self.stats = stats  # teacher -> TeacherStats, in the order teachers were first read
+        self.skipped = skipped  # reason -> rows dropped (malformed, "overlong", "incorrect")
+        self.verifier_reasons = dict(verifier_reasons)  # the verifier's reasons over every well-formed row
+
+    def for_prompt(self, question: str) -> list[OfflineTrajectory]:
+        """The trajectories of `question` (matched stripped); [] for a prompt the store lacks."""
+        return list(self._by_prompt.get(question.strip(), ()))
+
+    def __len__(self) -> int:
+        return sum(len(trajectories) for trajectories in self._by_prompt.values())
+
+    @property
+    def prompts(self) -> set[str]:
+        return set(self._by_prompt)
+
+    def teacher_table(self) -> list[dict[str, Any]]:
+        """OGER Table 1, one dict per teacher: read, valid, mean tokens (read / valid), accuracy before filter."""
+        return [{"teacher": name, "read": s.read, "valid": s.valid, "mean_tokens_read": s.mean_tokens_read,
+                 "mean_tokens_valid": s.mean_tokens_valid, "accuracy_before_filter": s.accuracy_before_filter}
+                for name, s in self.stats.items()]
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics: offline/<teacher>/{read,valid,mean_tokens,mean_tokens_read,accuracy_before_filter},
+        offline/skipped/<reason>, offline/verifier/<reason>, offline/trajectories, offline/prompts."""
+        out = {"offline/trajectories": float(len(self)), "offline/prompts": float(len(self._by_prompt))}
+        for row in self.teacher_table():
+            prefix = f"offline/{row['teacher']}"
+            out |= {f"{prefix}/read": float(row["read"]), f"{prefix}/valid": float(row["valid"]),
+                    f"{prefix}/mean_tokens": row["mean_tokens_valid"],
+                    f"{prefix}/mean_tokens_read": row["mean_tokens_read"],
+                    f"{prefix}/accuracy_before_filter": row["accuracy_before_filter"]}
+        out |= {f"offline/skipped/{reason}": float(n) for reason, n in sorted(self.skipped.items())}
+        out |= {f"offline/verifier/{reason}": float(n) for reason, n in self.verifier_reasons.items()}
+        return out
+
+    def format_table(self) -> str:
+        """The teacher table as plain text, then the skip counts, for printing."""
+        cells = [[header for _, header in TABLE_COLUMNS]]
+        for row in self.teacher_table():
+            cells.append([row["teacher"], str(row["read"]), str(row["valid"]), f"{row['mean_tokens_read']:.1f}",
+                          f"{row['mean_tokens_valid']:.1f}", f"{row['accuracy_before_filter']:.1%}"])
+        widths = [max(len(line[i]) for line in cells) for i in range(len(TABLE_COLUMNS))]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                 for line in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
+        return "\n".join(lines + [f"{len(self)} trajectories over {len(self._by_prompt)} prompts; skipped: {skipped}"])
