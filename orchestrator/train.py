@@ -89,7 +89,8 @@ def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
     cache = str(Path(cfg.cache_dir).expanduser().resolve() / "embeddings")
     actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=0)
     return actor.remote(cfg.encoder.model, long_text=cfg.encoder.long_text, cache_dir=cache,
-                        batch_size=cfg.encoder.batch_size, offline=offline)
+                        batch_size=cfg.encoder.batch_size, offline=offline,
+                        num_threads=max(1, int(cfg.encoder.num_cpus)))
 
 
 def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,

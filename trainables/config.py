@@ -11,10 +11,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from trainables.algorithms import ALGORITHMS
+from trainables.data.arithmetic import TEACHERS
 from trainables.losses import AGGREGATIONS
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
+TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
 
 
 class Section(BaseModel):
@@ -152,8 +154,8 @@ class OfflineFileConfig(Section):
 class OfflineConfig(Section):
     """The multi-teacher offline store of luffy / oger*: built-in teachers and/or files."""
 
-    teachers: list[Literal["terse", "stepwise", "verbose"]] = Field(
-        ["terse", "stepwise", "verbose"], description="Built-in teachers writing solutions of the train split.")
+    teachers: list[TeacherName] = Field(
+        list(TEACHERS), description="Built-in teachers writing solutions of the train split.")
     wrong_rate: float = Field(0.05, ge=0.0, lt=1.0, description="Built-in teachers' rate of wrong solutions.")
     overlong_rate: float = Field(0.05, ge=0.0, lt=1.0, description="Built-in teachers' rate of over-long ones.")
     files: list[OfflineFileConfig] = Field(default_factory=list, description="External teacher data.")

@@ -149,6 +149,9 @@ class Trial:
             with timed(t, "generate"):
                 rollouts = ray.get(self.service.generate.remote(self.encode(problems), cfg.rollout.group_size, spec))
             online = rollouts
+            # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass.
+            embeddings = (self.embedder.embed.remote(rollouts.texts, [p.question for p in problems])
+                          if self.embedder is not None else None)
             with timed(t, "score"):
                 rewards, reasons = score(rollouts, problems)
             batch = build_train_batch(rollouts, self.pad_id)
@@ -157,7 +160,7 @@ class Trial:
             offpolicy, mixed = torch.zeros(batch.size, dtype=torch.bool), {}
             if cfg.preset.uses_offline:
                 with timed(t, "offline"):
-                    hybrid = self.mix_offline(step, rollouts, problems, rewards, entropy, batch)
+                    hybrid = self.mix_offline(step, rollouts, problems, rewards, entropy, batch, embeddings)
                 rollouts, rewards, offpolicy, mixed = hybrid.rollouts, hybrid.rewards, hybrid.offpolicy, hybrid.metrics
                 batch = build_train_batch(rollouts, self.pad_id)
                 # Online rows keep their columns; teacher rows get 0 = behaviour 0, so a TIS weight of 1.
@@ -172,14 +175,15 @@ class Trial:
         metrics = self.step_metrics(step, online, batch, rewards, grouped, reasons, tis, stats, t)
         return metrics | self.offline_metrics(mixed)
 
-    def mix_offline(self, step, rollouts, problems, rewards, entropy, batch) -> HybridGroups:
-        """Teacher trajectories into the groups (luffy / oger*), OGER's reward on the online ones."""
+    def mix_offline(self, step, rollouts, problems, rewards, entropy, batch, embeddings) -> HybridGroups:
+        """Teacher trajectories into the groups (luffy / oger*), OGER's reward on the online ones.
+
+        embeddings: the encoder actor's pending result for these rollouts (oger*), else None.
+        """
         cfg = self.cfg
         finished = torch.tensor([r == "stop" for r in rollouts.finish_reasons])
         last_entropy = last_token_entropy(entropy, batch.response_mask, finished, cfg.algorithm.last_token)
-        embed = None
-        if self.embedder is not None:
-            embed = lambda texts, keys: ray.get(self.embedder.embed.remote(texts, keys))  # noqa: E731
+        embed = None if embeddings is None else (lambda texts, keys: ray.get(embeddings))  # noqa: E731
         golds = [p.answer for p in problems]
 
         def score_texts(texts: list[str], answers: list[str]) -> torch.Tensor:
