@@ -73,7 +73,7 @@ def load_offline(cfg: TrialConfig, model_path: Path) -> OfflineStore | None:
     except ValueError as e:  # an empty store: the message says why every row was dropped
         raise SpecError(f"offline: {e}") from None
     console.print(f"offline store: {len(store)} teacher trajectories for {len(store.prompts)} prompts")
-    console.print(store.format_table(), highlight=False)
+    print(store.format_table())
     return store
 
 
