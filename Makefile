@@ -1,9 +1,9 @@
-# Two commands: `make train` sets up and runs one trial; `make test` sets up and passes the tests.
+# Two commands: `make sweep` sets up and runs the main job; `make test` sets up and passes the tests.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup train test bench clean
+.PHONY: setup sweep train test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+sweep: setup
+	$(PY) -m orchestrator.sweep search_spaces/ead.yaml
 
 train: setup
 	$(PY) -m orchestrator.train search_spaces/ead.yaml

@@ -8,11 +8,12 @@ one line per problem, naming the key path and what was expected::
 
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from trainables.config import (
     AlgorithmConfig,
@@ -45,6 +46,7 @@ __all__ = [
     "ValidationConfig",
     "apply_overrides",
     "format_validation_error",
+    "load_sweep_spec",
     "load_trial_spec",
     "parse_overrides",
 ]
@@ -136,3 +138,105 @@ def load_trial_spec(path: str | Path, overrides: list[str] | None = None) -> Tri
     data = apply_overrides(read_yaml(path), parse_overrides(overrides))
     data.pop("search", None)  # the sweep's section; a single trial ignores it
     return validate_trial(data, str(path))
+
+
+# -- the sweep's `search:` section -------------------------------------------------------------------
+OBJECTIVE_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")
+DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "value")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Distribution(Section):
+    """Exactly one of: uniform [lo, hi], loguniform [lo, hi], int [lo, hi], choice [...], value x."""
+
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[PositiveFloat, PositiveFloat] | None = None
+    int: tuple[builtins.int, builtins.int] | None = None  # the key users write; the type is the builtin
+    choice: list[Any] | None = None
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Distribution:
+        given = [k for k in DISTRIBUTIONS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(DISTRIBUTIONS)} (got {given or 'none'})")
+        bounds = self.uniform or self.loguniform or self.int
+        if bounds and bounds[0] >= bounds[1]:
+            raise ValueError(f"{given[0]} bounds must be [low, high] with low < high (got {list(bounds)})")
+        if self.choice is not None and not self.choice:
+            raise ValueError("choice needs at least one value")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in DISTRIBUTIONS if getattr(self, k) is not None)
+
+    def candidates(self) -> list[Any]:
+        """Values that must each make a valid trial (bounds, choices, the fixed value)."""
+        if self.kind in ("uniform", "loguniform", "int"):
+            return list(getattr(self, self.kind))
+        return self.choice if self.kind == "choice" else [self.value]
+
+
+class SchedulerConfig(Section):
+    name: Literal["asha", "none"] = Field("asha", description="Early stopping of weak trials.")
+    grace_period: PositiveInt = Field(10, description="ASHA: RL steps before a trial can be stopped.")
+    reduction_factor: float = Field(2.0, gt=1.0, description="ASHA: keep 1/reduction_factor at each rung.")
+
+
+class SearchConfig(Section):
+    """The search over trial fields: Optuna's TPE proposes, ASHA stops early, MLflow records."""
+
+    space: dict[str, Distribution] = Field(description="Dotted trial field -> distribution.")
+    metric: str = Field("val/accuracy", description="Objective, a reported trial metric.")
+    mode: Literal["max", "min"] = Field("max")
+    second_metric: str | None = Field(None, description="A second objective: Optuna's multi-objective search.")
+    second_mode: Literal["max", "min"] = Field("max")
+    num_samples: PositiveInt = Field(4, description="Trials.")
+    max_concurrent_trials: int = Field(1, description="Trials running at once (each is a Ray Train group).")
+    seed: int = Field(0, description="Seeds Optuna's TPE sampler.")
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list,
+                                                     description="Settings tried first (e.g. the papers').")
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchConfig:
+        if not self.space:
+            raise ValueError("space is empty: name at least one trial field, e.g. rollout.decoding.ead.tau_max")
+        if self.max_concurrent_trials < 1:
+            raise ValueError(f"max_concurrent_trials must be >= 1 (got {self.max_concurrent_trials})")
+        for metric in filter(None, (self.metric, self.second_metric)):
+            if not metric.startswith(OBJECTIVE_NAMESPACES):
+                raise ValueError(f"metric {metric!r} is not a trial metric; use one of the names in README.md "
+                                 f"(namespaces {', '.join(OBJECTIVE_NAMESPACES)})")
+        if self.second_metric and self.scheduler.name != "none":
+            raise ValueError("a second objective needs scheduler.name: none (ASHA stops on one metric)")
+        return self
+
+
+def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> tuple[TrialConfig, SearchConfig, dict]:
+    """(base trial, search, base trial data) from a spec with a `search:` section, all checked here:
+    every searched field must make a valid trial at each bound or choice."""
+    data = apply_overrides(read_yaml(path), parse_overrides(overrides))
+    raw_search = data.pop("search", None)
+    if raw_search is None:
+        raise SpecError(f"{path}: search: missing; a sweep spec needs a search section (see search_spaces/ead.yaml)")
+    trial = validate_trial(data, str(path))
+    try:
+        search = SearchConfig.model_validate(raw_search)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(f"{path}: search", e)) from None
+    for key, dist in search.space.items():
+        for value in dist.candidates():
+            try:
+                TrialConfig.model_validate(apply_overrides(data, {key: value}))
+            except (ValidationError, SpecError) as e:
+                first = format_validation_error("", e).splitlines()[0] if isinstance(e, ValidationError) else str(e)
+                raise SpecError(f"{path}: search.space.{key}: {value!r} does not make a valid trial "
+                                f"({first.removeprefix(': ')})") from None
+    if search.metric.startswith("val/") and not trial.validation.every:
+        raise SpecError(f"{path}: search.metric: {search.metric} needs validation.every > 0")
+    return trial, search, data

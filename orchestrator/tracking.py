@@ -66,6 +66,25 @@ class Tracker:
                              "spec.yaml")
         return run_id
 
+    def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any]) -> str:
+        """The sweep's parent run: its spec, search space and commit; trials nest under it."""
+        run = self.client.create_run(self.experiment_id, run_name=name,
+                                     tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
+                                           "state": "running"})
+        params = [Param(f"search.{k}", str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(search).items()]
+        for i in range(0, len(params), 100):
+            self.client.log_batch(run.info.run_id, params=params[i : i + 100])
+        self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
+        return run.info.run_id
+
+    def finish_sweep(self, run_id: str, best: dict[str, Any]) -> None:
+        self.client.set_tag(run_id, "best_trial", str(best["trial_id"]))
+        if best["metric"] is not None:
+            self.client.log_metric(run_id, "best/objective", float(best["metric"]))
+        self.client.log_batch(run_id, params=[Param(f"best.{k}", str(v)) for k, v in best["params"].items()])
+        self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
+        self.finish(run_id, "finished")
+
     def log_offline_store(self, run_id: str, store) -> None:
         """What the OGER paper's Table 1 reports, per teacher: as metrics and as a table artifact."""
         metrics = [Metric(k, float(v), int(time.time() * 1000), 0) for k, v in store.metrics().items()]

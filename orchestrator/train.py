@@ -87,7 +87,8 @@ def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
 
     offline = {key: [t.text for t in store.for_prompt(key)] for key in sorted(store.prompts)}
     cache = str(Path(cfg.cache_dir).expanduser().resolve() / "embeddings")
-    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=0)
+    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=0,
+                                                 scheduling_strategy="DEFAULT")  # as the rollout service
     return actor.remote(cfg.encoder.model, long_text=cfg.encoder.long_text, cache_dir=cache,
                         batch_size=cfg.encoder.batch_size, offline=offline,
                         num_threads=max(1, int(cfg.encoder.num_cpus)))
@@ -116,7 +117,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
                                          resources_per_worker={"CPU": cfg.learner.cpus_per_worker}),
             run_config=RunConfig(
                 name=cfg.name,
-                storage_path=_storage_uri(cfg.storage),
+                storage_path=storage_uri(cfg.storage),
                 checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
                 failure_config=FailureConfig(max_failures=0),
                 logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics
@@ -130,7 +131,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
                 ray.kill(actor)
 
 
-def _storage_uri(storage: str) -> str:
+def storage_uri(storage: str) -> str:
     return storage if "://" in storage else str(Path(storage).expanduser().resolve())
 
 
@@ -147,7 +148,7 @@ def summary_table(metrics: dict[str, float], title: str) -> Table:
 
 def check_fresh(cfg: TrialConfig, resume: bool) -> None:
     """Ray Train continues a run found under the same (storage, name): only do that when asked."""
-    folder = Path(_storage_uri(cfg.storage)) / cfg.name
+    folder = Path(storage_uri(cfg.storage)) / cfg.name
     if "://" not in cfg.storage and folder.exists() and not resume:
         raise SpecError(f"name: a run named {cfg.name!r} already exists in {folder}; pass --resume to "
                         f"continue it, or --set name=NEW for a new run")

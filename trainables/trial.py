@@ -125,6 +125,7 @@ class Trial:
         self.start_step = 0
         self.weight_version = 0
         self.base_val: dict[str, float] = {}
+        self.latest_val: dict[str, float] = {}  # val/* of the latest validation
 
     # -- stages ---------------------------------------------------------------------------------
     def encode(self, problems: list[Problem]) -> list[list[int]]:
@@ -252,7 +253,7 @@ class Trial:
             # Rank 0's own phases: they add up to its step, which the sync barrier aligns with every rank's.
             **{f"timing/{k}": v for k, v in sorted(t.items())},
             "timing/tokens_per_s": s["length"] / max(t["step"], 1e-9),
-            "progress/step": step,
+            "progress/step": step + 1,  # RL steps done: the time axis of Tune's schedulers
             "progress/optimizer_step": self.learner.optimizer_step,
         }
         return metrics
@@ -293,23 +294,27 @@ class Trial:
         self.sync_weights()  # the service must serve the learner's weights, also after a resume
         every = cfg.validation.every
         if every and self.start_step == 0:
-            self.base_val = {f"{k}_base": v for k, v in self.validate().items()}  # before any update
+            self.latest_val = self.validate()  # the base policy, before any update
+            self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
             self.log(-1, self.base_val)
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
             last = step == cfg.learner.steps - 1
-            if every and ((step + 1) % every == 0 or last):
+            validated = bool(every) and ((step + 1) % every == 0 or last)
+            if validated:
                 with timed(t := {}, "validate"):
-                    metrics.update(self.validate())
-                metrics["timing/validate"] = t["validate"]
+                    self.latest_val = self.validate()
+                metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
             metrics.update(self.base_val)
             self.log(step, metrics)
             self.print_progress(step, metrics)
+            # Every report carries the latest validation, so Tune's schedulers always see the objective.
+            reported = {**self.latest_val, **metrics}
             start = time.perf_counter()
             if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
-                self.save_checkpoint(step, metrics)
-            elif (step + 1) % cfg.logging.report_every == 0 or "val/accuracy" in metrics:
-                ray.train.report(metrics)
+                self.save_checkpoint(step, reported)
+            elif (step + 1) % cfg.logging.report_every == 0 or validated:
+                ray.train.report(reported)
             else:
                 continue
             self.log(step, {"timing/report": time.perf_counter() - start})  # a barrier of all ranks

@@ -49,7 +49,8 @@ class RolloutService:
 
 def start_rollout_service(backend: str, model_path: str | Path, *, num_cpus: float, name: str | None = None):
     """Create the trial's rollout actor (named, so a restarted learner group finds the same one)."""
+    # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
     actor = ray.remote(RolloutService).options(
-        num_cpus=num_cpus, name=name, get_if_exists=name is not None, max_restarts=0
+        num_cpus=num_cpus, name=name, get_if_exists=name is not None, max_restarts=0, scheduling_strategy="DEFAULT"
     )
     return actor.remote(backend, str(model_path), max(1, int(num_cpus)))

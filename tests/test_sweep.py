@@ -1,0 +1,140 @@
+"""The sweep: bad search specs at the edge, the dry run, and a real 3-trial sweep read back from
+MLflow (sqlite, and a real `mlflow server` on 127.0.0.1), Optuna's storage and the best-trial spec."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import optuna
+import pytest
+import yaml
+
+from orchestrator import sweep
+from orchestrator.spec import SpecError, load_sweep_spec, load_trial_spec
+from orchestrator.tracking import Tracker, default_tracking_uri
+
+STEPS = 6
+
+
+def spec_with(tmp_path, search: str):
+    base = yaml.safe_load(open("search_spaces/ead.yaml"))
+    base.pop("search")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(base) + textwrap.dedent(search))
+    return path
+
+
+@pytest.mark.parametrize("search, expected", [
+    ("search: {space: {rollout.decoding.ead.tau_maxx: {uniform: [1, 2]}}}\n", "search.space.rollout.decoding.ead.tau_maxx"),
+    ("search: {space: {}}\n", "space is empty"),
+    ("search: {max_concurrent_trials: 0, space: {learner.lr: {value: 0.001}}}\n", "max_concurrent_trials must be >= 1"),
+    ("search: {metric: accuracy, space: {learner.lr: {value: 0.001}}}\n", "metric 'accuracy' is not a trial metric"),
+    ("search: {space: {learner.lr: {uniform: [2, 1]}}}\n", "low < high"),
+    ("search: {space: {rollout.group_size: {int: [1, 4]}}}\n", "search.space.rollout.group_size: 1 does not make a valid trial"),
+])
+def test_bad_search_spec_is_one_line_naming_the_key(tmp_path, search, expected):
+    with pytest.raises(SpecError) as info:
+        load_sweep_spec(spec_with(tmp_path, search))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and expected in message, message
+
+
+def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "orchestrator.sweep", "search_spaces/ead.yaml", "--dry-run",
+                          "--storage", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "trial 0: {'rollout.decoding.ead.tau_max': 1.2, 'rollout.decoding.ead.d0': 25}" in out.stdout
+    assert "trial 3:" in out.stdout and not list(tmp_path.iterdir())  # nothing written, nothing run
+
+
+# A spec built so that ASHA must stop a trial: lr 0.05 wrecks the policy within two steps, far
+# below the first trial's validation accuracy at the first rung.
+ASHA_SEARCH = f"""
+search:
+  metric: val/accuracy
+  mode: max
+  num_samples: 3
+  scheduler: {{name: asha, grace_period: 2, reduction_factor: 2}}
+  points_to_evaluate: [{{learner.lr: 0.0001}}, {{learner.lr: 0.05}}]
+  space:
+    learner.lr: {{choice: [0.0001, 0.05]}}
+    learner.steps: {{value: {STEPS}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(ray_cluster, tiny_model_path, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    spec = spec_with(tmp, ASHA_SEARCH)
+    args = argparse.Namespace(
+        overrides=["validation.every=2", "validation.num_prompts=32"], num_samples=None, max_concurrent=None,
+        dry_run=False, name="asha", storage=str(tmp / "runs"), tracking_uri=None)
+    assert sweep.run(str(spec), args) == 0
+    return tmp / "runs"
+
+
+@pytest.mark.slow
+def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
+    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
+    runs = tracker.client.search_runs([tracker.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    trials = [r for r in runs if r.data.tags.get("kind") == "trial"]
+    assert len(trials) == 3
+    for run in trials:
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.params["learner.lr"] in ("0.0001", "0.05")
+        assert tracker.metric_history(run.info.run_id, "rollout/reward_mean")  # a history, step by step
+    states = sorted(r.data.tags["state"] for r in trials)
+    assert "pruned" in states and "finished" in states, states
+    assert parent.data.tags["state"] == "finished" and parent.data.tags["best_trial"]
+
+    study = optuna.load_study(study_name="asha", storage=f"sqlite:///{finished_sweep / 'asha' / 'optuna.db'}")
+    assert len(study.trials) == 3 and all(t.state.is_finished() for t in study.trials)
+
+    best = load_trial_spec(finished_sweep / "asha" / sweep.BEST_SPEC)  # valid input to orchestrator.train
+    assert best.learner.lr == 0.0001 and best.learner.steps == STEPS
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_mlflow_server_serves_the_sweep(finished_sweep):
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                               default_tracking_uri(str(finished_sweep)), "--host", "127.0.0.1", "--port", str(port),
+                               "--workers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, "mlflow server did not come up"
+                time.sleep(1)
+        with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=rlvr-explore") as r:
+            experiment_id = json.load(r)["experiment"]["experiment_id"]
+        request = urllib.request.Request(f"{base}/runs/search", method="POST",
+                                         data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as r:
+            runs = json.load(r)["runs"]
+        kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
+        assert kinds == ["sweep", "trial", "trial", "trial"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
