@@ -74,3 +74,11 @@ def test_set_errors_name_the_key(tmp_path):
 def test_missing_or_broken_file(tmp_path):
     assert "no such spec file" in error_of(tmp_path / "nope.yaml")
     assert "not valid YAML" in error_of(write(tmp_path, "rollout: [\n"))
+
+
+@pytest.mark.parametrize("spec", ["search_spaces/ead.yaml", "search_spaces/oger.yaml", "search_spaces/all.yaml"])
+def test_shipped_sweep_specs_are_valid(spec):
+    from orchestrator.spec import load_sweep_spec
+
+    trial, search, _ = load_sweep_spec(spec)
+    assert search.space and trial.validation.every > 0
