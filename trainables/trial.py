@@ -113,6 +113,8 @@ class Trial:
         ctx = ray.train.get_context()
         self.cfg, self.service, self.store, self.embedder = cfg, service, store, embedder
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
+        torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
         self.train_set, self.val_set = load_task(cfg.task, cfg.seed)
         self.val_set = self.val_set[: cfg.validation.num_prompts]
