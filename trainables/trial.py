@@ -95,11 +95,15 @@ def sampling_spec(decoding: DecodingConfig, max_new_tokens: int, step: int, seed
                         max_new_tokens=max_new_tokens, top_p=decoding.top_p, step=step, seed=seed)
 
 
-def score(rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
-    """Verifiable rewards [P * n] in a Ray task: its main thread keeps math-verify's timeouts."""
-    golds = [problems[i // rollouts.n].answer for i in range(len(rollouts.texts))]
-    rewards, reasons = ray.get(_score_remote.remote(rollouts.texts, golds))
+def score_texts(texts: list[str], golds: list[str]) -> tuple[torch.Tensor, dict[str, int]]:
+    """Verifiable rewards [B] and reason counts, in a Ray task: its main thread keeps math-verify's timeouts."""
+    rewards, reasons = ray.get(_score_remote.remote(texts, golds))
     return torch.tensor(rewards, dtype=torch.float32), reasons
+
+
+def score(rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
+    """Rewards [P * n] of the rollouts against their problems' gold answers."""
+    return score_texts(rollouts.texts, [problems[i // rollouts.n].answer for i in range(len(rollouts.texts))])
 
 
 _score_remote = ray.remote(num_cpus=0)(score_batch)
@@ -189,12 +193,10 @@ class Trial:
         embed = None if embeddings is None else (lambda texts, keys: ray.get(embeddings))  # noqa: E731
         golds = [p.answer for p in problems]
 
-        def score_texts(texts: list[str], answers: list[str]) -> torch.Tensor:
-            return torch.tensor(ray.get(_score_remote.remote(texts, answers))[0])
-
         return build_hybrid(
             rollouts, [p.question for p in problems], golds, rewards, last_entropy, preset=cfg.preset,
-            k=cfg.algorithm.replacement_density, store=self.store, embed=embed, score=score_texts,
+            k=cfg.algorithm.replacement_density, store=self.store, embed=embed,
+            score=lambda texts, answers: score_texts(texts, answers)[0],
             tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens,
             rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
         )
