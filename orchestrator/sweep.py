@@ -126,10 +126,7 @@ class TrialStates:
 
         class _States(Callback):
             def _close(self, trial, state: str) -> None:
-                runs = tracker.client.search_runs([tracker.experiment_id],
-                                                  f"tags.sweep = '{sweep}' and tags.trial_id = '{trial.trial_id}'")
-                for run in runs:
-                    tracker.finish(run.info.run_id, state)
+                tracker.finish_sweep_trial(sweep, trial.trial_id, state)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 done = (trial.last_result or {}).get("progress/step", 0) >= trial.config.get("learner.steps", steps)
@@ -175,6 +172,7 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
 
 
 def run(spec: str, args) -> int:
+    start = time.perf_counter()
     overrides = list(args.overrides)
     base_cfg, search, base = load_sweep_spec(spec, overrides)
     if args.num_samples:
@@ -203,7 +201,8 @@ def run(spec: str, args) -> int:
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
     results = fit_sweep(search, base, fixed, name, storage, tracker, parent, steps)
     best = report(results, search, sweep_dir, base, fixed, steps)
-    tracker.finish_sweep(parent, best)
+    tracker.finish_sweep(parent, best, {"wall_s": time.perf_counter() - start})
+    console.print(f"sweep done in {time.perf_counter() - start:.0f} s")
     console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
     return 0
 
@@ -258,14 +257,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="print the space and the first proposals only")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
     try:
-        code = run(args.spec, args)
+        return run(args.spec, args)
     except (SpecError, FileNotFoundError, SweepFailed) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
-    console.print(f"sweep done in {time.perf_counter() - start:.0f} s")
-    return code
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
-"""MLflow records: a sqlite store inside the run's storage folder unless a tracking URI is given."""
+"""MLflow records: a sqlite store inside the run's storage folder unless a tracking URI is given.
+
+A tracking server that is down never stops a trial: each call is retried with backoff, and when
+the server stays away the run goes on untracked (Ray Train still keeps its reported results) and
+says so in one line.
+"""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +19,10 @@ from mlflow.tracking import MlflowClient
 
 from trainables.config import TrialConfig
 
+log = logging.getLogger(__name__)
+
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
+RETRY_WAITS_S = (1, 2, 4, 8, 16)  # ~30 s: long enough for a tracking server to restart
 
 
 def default_tracking_uri(storage: str) -> str:
@@ -43,18 +52,43 @@ def git_commit() -> str:
 
 
 class Tracker:
-    """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them."""
+    """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them.
 
-    def __init__(self, tracking_uri: str, experiment: str):
+    Every public method retries, then gives up with a warning and returns None: a run that cannot
+    be created is a trial without a record, never a trial that does not run.
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, retry_waits_s: tuple[float, ...] = RETRY_WAITS_S):
         self.uri = tracking_uri
+        self.experiment = experiment
+        self.retry_waits_s = retry_waits_s
         self.client = MlflowClient(tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self._experiment_id: str | None = None
+
+    @property
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+        return self._experiment_id
+
+    def _retried(self, what: str, fn, *args, **kwargs):
+        for attempt, wait in enumerate((*self.retry_waits_s, None)):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - whatever the store raises, training goes on
+                if wait is None:
+                    log.warning("MLflow at %s unreachable (%s) after %d tries: %s; continuing without it",
+                                self.uri, what, attempt + 1, e)
+                    return None
+                time.sleep(wait)
 
     def start_trial_run(self, cfg: TrialConfig, *, parent_run_id: str | None = None,
-                        tags: dict[str, str] | None = None) -> str:
-        all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running",
-                    **(tags or {})}
+                        tags: dict[str, str] | None = None) -> str | None:
+        return self._retried("creating the trial run", self._start_trial_run, cfg, parent_run_id, tags or {})
+
+    def _start_trial_run(self, cfg: TrialConfig, parent_run_id: str | None, tags: dict[str, str]) -> str:
+        all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running", **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=cfg.name, tags=all_tags)
@@ -66,8 +100,11 @@ class Tracker:
                              "spec.yaml")
         return run_id
 
-    def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any]) -> str:
+    def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any]) -> str | None:
         """The sweep's parent run: its spec, search space and commit; trials nest under it."""
+        return self._retried("creating the sweep run", self._start_sweep_run, name, spec_text, search)
+
+    def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name,
                                      tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
                                            "state": "running"})
@@ -77,22 +114,46 @@ class Tracker:
         self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
         return run.info.run_id
 
-    def finish_sweep(self, run_id: str, best: dict[str, Any]) -> None:
+    def finish_sweep(self, run_id: str | None, best: dict[str, Any], budget: dict[str, float]) -> None:
+        if run_id is not None:
+            self._retried("closing the sweep run", self._finish_sweep, run_id, best, budget)
+
+    def _finish_sweep(self, run_id: str, best: dict[str, Any], budget: dict[str, float]) -> None:
+        objective = {} if best["metric"] is None else {"best/objective": best["metric"]}
+        self.log_metrics(run_id, {**objective, **{f"sweep/{k}": v for k, v in budget.items()}})
         self.client.set_tag(run_id, "best_trial", str(best["trial_id"]))
-        if best["metric"] is not None:
-            self.client.log_metric(run_id, "best/objective", float(best["metric"]))
         self.client.log_batch(run_id, params=[Param(f"best.{k}", str(v)) for k, v in best["params"].items()])
         self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
-        self.finish(run_id, "finished")
+        self._finish(run_id, "finished")
 
-    def log_offline_store(self, run_id: str, store) -> None:
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        batch = [Metric(k, float(v), int(time.time() * 1000), step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 1000):  # MLflow's batch limit
+            self.client.log_batch(run_id, metrics=batch[i : i + 1000])
+
+    def log_offline_store(self, run_id: str | None, store) -> None:
         """What the OGER paper's Table 1 reports, per teacher: as metrics and as a table artifact."""
-        metrics = [Metric(k, float(v), int(time.time() * 1000), 0) for k, v in store.metrics().items()]
-        for i in range(0, len(metrics), 1000):
-            self.client.log_batch(run_id, metrics=metrics[i : i + 1000])
+        if run_id is not None:
+            self._retried("logging the offline store", self._log_offline_store, run_id, store)
+
+    def _log_offline_store(self, run_id: str, store) -> None:
+        self.log_metrics(run_id, store.metrics())
         self.client.log_text(run_id, store.format_table(), "offline_store.txt")
 
-    def finish(self, run_id: str, state: str) -> None:
+    def finish(self, run_id: str | None, state: str) -> None:
+        if run_id is not None:
+            self._retried("closing the run", self._finish, run_id, state)
+
+    def finish_sweep_trial(self, sweep: str, trial_id: str, state: str) -> None:
+        """Close a sweep trial's run, found by its tags (the Tune callback knows no run id)."""
+        self._retried("closing the trial run", self._finish_sweep_trial, sweep, trial_id, state)
+
+    def _finish_sweep_trial(self, sweep: str, trial_id: str, state: str) -> None:
+        for run in self.client.search_runs([self.experiment_id],
+                                           f"tags.sweep = '{sweep}' and tags.trial_id = '{trial_id}'"):
+            self._finish(run.info.run_id, state)
+
+    def _finish(self, run_id: str, state: str) -> None:
         self.client.set_tag(run_id, "state", state)
         status = RunStatus.FINISHED if state == "finished" else RunStatus.FAILED
         self.client.set_terminated(run_id, RunStatus.to_string(status))

@@ -32,6 +32,10 @@ WORKER_ENV = {
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "180",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # Train's print-to-logger patch shows every line twice
     "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+    # A dead tracking server costs a step seconds, not MLflow's minutes of retries: the step
+    # logger buffers and tries again at the next step.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
 
 
@@ -94,6 +98,16 @@ def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
                         num_threads=max(1, int(cfg.encoder.num_cpus)))
 
 
+def start_verifier():
+    """The trial's math-verify actor: stateless, so Ray restarts it and retries its calls if it dies."""
+    import ray
+
+    from trainables.rewards.verify import VerifierService
+
+    return ray.remote(VerifierService).options(num_cpus=0, max_restarts=-1, max_task_retries=-1,
+                                               scheduling_strategy="DEFAULT").remote()
+
+
 def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,
               run_callbacks: list | None = None):
     """Start the trial's rollout service (and encoder), run the Ray Train loop, return the `Result`."""
@@ -105,12 +119,13 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     from trainables.trial import train_loop_per_worker
 
     service = start_rollout_service(cfg.rollout.backend, model_path, num_cpus=cfg.rollout.num_cpus)
+    verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
-                               "rollout_service": service, "tracking": tracking,
+                               "rollout_service": service, "verifier": verifier, "tracking": tracking,
                                "offline_store": store, "embedding_service": embedder},
             torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
@@ -126,7 +141,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
         )
         return trainer.fit()
     finally:
-        for actor in (service, embedder):
+        for actor in (service, verifier, embedder):
             if actor is not None:
                 ray.kill(actor)
 
@@ -164,7 +179,7 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"})
     if store is not None:
         tracker.log_offline_store(run_id, store)
-    console.print(f"MLflow run {run_id} in {uri}")
+    console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
     init_ray(logical_cpus(cfg))
     start = time.perf_counter()
     state = "errored"

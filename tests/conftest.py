@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,3 +34,37 @@ def ray_cluster():
     init_ray(num_cpus=6)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server():
+    """start(store_uri, port) -> base URL of a real `mlflow server` on 127.0.0.1, up and healthy."""
+    servers = []
+
+    def start(store_uri: str, port: int) -> str:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
+                                   "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        servers.append(server)
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                return f"http://127.0.0.1:{port}"
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, "mlflow server did not come up"
+                time.sleep(1)
+
+    yield start
+    for server in servers:
+        server.terminate()
+        server.wait(timeout=30)

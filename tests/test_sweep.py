@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 
 import optuna
@@ -103,38 +100,15 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     assert best.learner.lr == 0.0001 and best.learner.steps == STEPS
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_mlflow_server_serves_the_sweep(finished_sweep):
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                               default_tracking_uri(str(finished_sweep)), "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert time.time() < deadline and server.poll() is None, "mlflow server did not come up"
-                time.sleep(1)
-        with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=rlvr-explore") as r:
-            experiment_id = json.load(r)["experiment"]["experiment_id"]
-        request = urllib.request.Request(f"{base}/runs/search", method="POST",
-                                         data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request) as r:
-            runs = json.load(r)["runs"]
-        kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
-        assert kinds == ["sweep", "trial", "trial", "trial"]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port):
+    base = mlflow_server(default_tracking_uri(str(finished_sweep)), free_port) + "/api/2.0/mlflow"
+    with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=rlvr-explore") as r:
+        experiment_id = json.load(r)["experiment"]["experiment_id"]
+    request = urllib.request.Request(f"{base}/runs/search", method="POST",
+                                     data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as r:
+        runs = json.load(r)["runs"]
+    kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
+    assert kinds == ["sweep", "trial", "trial", "trial"]

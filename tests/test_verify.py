@@ -104,3 +104,14 @@ def test_score_batch_counts_every_reason():
 def test_score_batch_length_mismatch_says_the_fix():
     with pytest.raises(ValueError, match="one gold answer per response"):
         score_batch(["a"], [])
+
+
+def test_verifier_actor_keeps_math_verify_timeouts(ray_cluster):
+    from orchestrator.train import start_verifier
+
+    verifier = start_verifier()
+    assert ray_cluster.get(verifier.health.remote())["timeouts"]  # methods on the main thread
+    rewards, reasons = ray_cluster.get(verifier.score.remote(
+        ["<think>2+2</think> \\boxed{4}", "<think>x</think> \\boxed{5}"], ["4", "4"]))
+    assert rewards == [1.0, 0.0] and reasons["correct"] == 1 and reasons["wrong"] == 1
+    ray_cluster.kill(verifier)

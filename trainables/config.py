@@ -212,6 +212,8 @@ class LoggingConfig(Section):
         None, description="MLflow tracking URI; null: a sqlite store inside the run's storage folder."
     )
     experiment: str = Field("rlvr-explore", description="MLflow experiment name.")
+    rollout_samples: int = Field(
+        16, ge=0, description="Rollouts (with rewards) saved as a JSONL artifact at every validation; 0: none.")
 
 
 class TrialConfig(Section):

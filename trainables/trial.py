@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from trainables.advantages import group_advantages, zero_std_fraction
+from trainables.artifacts import rollout_samples_jsonl, validation_curve
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.tasks import encode_prompt, load_task
@@ -37,7 +38,7 @@ from trainables.data.offline import OfflineStore
 from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
-from trainables.rewards.verify import REASONS, score_batch
+from trainables.rewards.verify import REASONS
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_log import StepLogger
 
@@ -95,27 +96,13 @@ def sampling_spec(decoding: DecodingConfig, max_new_tokens: int, step: int, seed
                         max_new_tokens=max_new_tokens, top_p=decoding.top_p, step=step, seed=seed)
 
 
-def score_texts(texts: list[str], golds: list[str]) -> tuple[torch.Tensor, dict[str, int]]:
-    """Verifiable rewards [B] and reason counts, in a Ray task: its main thread keeps math-verify's timeouts."""
-    rewards, reasons = ray.get(_score_remote.remote(texts, golds))
-    return torch.tensor(rewards, dtype=torch.float32), reasons
-
-
-def score(rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
-    """Rewards [P * n] of the rollouts against their problems' gold answers."""
-    return score_texts(rollouts.texts, [problems[i // rollouts.n].answer for i in range(len(rollouts.texts))])
-
-
-_score_remote = ray.remote(num_cpus=0)(score_batch)
-
-
 class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
-    def __init__(self, cfg: TrialConfig, model_path: str, service, tracking: dict, *,
+    def __init__(self, cfg: TrialConfig, model_path: str, service, verifier, tracking: dict, *,
                  store: OfflineStore | None = None, embedder=None):
         ctx = ray.train.get_context()
-        self.cfg, self.service, self.store, self.embedder = cfg, service, store, embedder
+        self.cfg, self.service, self.verifier, self.store, self.embedder = cfg, service, verifier, store, embedder
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
@@ -132,10 +119,22 @@ class Trial:
         self.weight_version = 0
         self.base_val: dict[str, float] = {}
         self.latest_val: dict[str, float] = {}  # val/* of the latest validation
+        self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
+        self.last_step_rows = None  # (problems, rollouts, rewards, offpolicy) of the latest step
 
     # -- stages ---------------------------------------------------------------------------------
     def encode(self, problems: list[Problem]) -> list[list[int]]:
         return [encode_prompt(self.tokenizer, p) for p in problems]
+
+    def score_texts(self, texts: list[str], golds: list[str]) -> tuple[torch.Tensor, dict[str, int]]:
+        """Verifiable rewards [B] and reason counts, from the trial's verifier actor."""
+        rewards, reasons = ray.get(self.verifier.score.remote(texts, golds))
+        return torch.tensor(rewards, dtype=torch.float32), reasons
+
+    def score(self, rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
+        """Rewards [P * n] of the rollouts against their problems' gold answers."""
+        golds = [problems[i // rollouts.n].answer for i in range(len(rollouts.texts))]
+        return self.score_texts(rollouts.texts, golds)
 
     def sync_weights(self) -> None:
         """Push the learner's weights to the rollout service: one object, one remote call."""
@@ -160,7 +159,7 @@ class Trial:
             embeddings = (self.embedder.embed.remote(rollouts.texts, [p.question for p in problems])
                           if self.embedder is not None else None)
             with timed(t, "score"):
-                rewards, reasons = score(rollouts, problems)
+                rewards, reasons = self.score(rollouts, problems)
             batch = build_train_batch(rollouts, self.pad_id)
             with timed(t, "old_logprob"):
                 logp_old, entropy = self.learner.old_logprobs(batch)  # entropy: the OGER H source, T = 1
@@ -179,6 +178,7 @@ class Trial:
                 stats = self.learner.update(batch, advantages, logp_old, tis, offpolicy)
             with timed(t, "sync"):
                 self.sync_weights()
+        self.last_step_rows = (problems, rollouts, rewards, offpolicy)
         metrics = self.step_metrics(step, online, batch, rewards, grouped, reasons, tis, stats, t)
         return metrics | self.offline_metrics(mixed)
 
@@ -196,7 +196,7 @@ class Trial:
         return build_hybrid(
             rollouts, [p.question for p in problems], golds, rewards, last_entropy, preset=cfg.preset,
             k=cfg.algorithm.replacement_density, store=self.store, embed=embed,
-            score=lambda texts, answers: score_texts(texts, answers)[0],
+            score=lambda texts, answers: self.score_texts(texts, answers)[0],
             tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens,
             rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
         )
@@ -269,7 +269,7 @@ class Trial:
         spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, self.learner.optimizer_step,
                              seed=self.cfg.seed * 7919 + 17 + self.rank)  # same draws at every validation
         rollouts = ray.get(self.service.generate.remote(self.encode(shard), v.samples, spec))
-        rewards, _ = score(rollouts, shard)
+        rewards, _ = self.score(rollouts, shard)
         s = reduce_sums({"seqs": float(len(rewards)), "reward": float(rewards.sum()),
                          "length": float(rollouts.num_tokens)})
         return {"val/accuracy": s["reward"] / s["seqs"], "val/response_length": s["length"] / s["seqs"]}
@@ -298,9 +298,11 @@ class Trial:
         self.sync_weights()  # the service must serve the learner's weights, also after a resume
         every = cfg.validation.every
         if every and self.start_step == 0:
-            self.latest_val = self.validate()  # the base policy, before any update
+            with timed(t := {}, "validate"):
+                self.latest_val = self.validate()  # the base policy, before any update
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
-            self.log(-1, self.base_val)
+            self.log(-1, {**self.base_val, "timing/validate": t["validate"]})
+            self.val_history.append((0, self.latest_val))
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
             last = step == cfg.learner.steps - 1
@@ -309,6 +311,8 @@ class Trial:
                 with timed(t := {}, "validate"):
                     self.latest_val = self.validate()
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
+                self.val_history.append((step + 1, self.latest_val))
+                self.log_artifacts(step)
             metrics.update(self.base_val)
             self.log(step, metrics)
             self.print_progress(step, metrics)
@@ -336,9 +340,23 @@ class Trial:
         if self.logger is not None:
             self.logger.log(step + 1, metrics)  # MLflow step 0 is the base policy
 
+    def log_artifacts(self, step: int) -> None:
+        """Rank 0: a sample of this step's rollouts with their rewards, and the validation curve so far."""
+        if self.logger is None:
+            return
+        if self.cfg.logging.rollout_samples and self.last_step_rows is not None:
+            problems, rollouts, rewards, offpolicy = self.last_step_rows
+            self.logger.log_file(f"rollouts/step_{step + 1:06d}.jsonl", rollout_samples_jsonl(
+                step + 1, [p.question for p in problems], [p.answer for p in problems], rollouts.texts,
+                rewards.tolist(), rollouts.finish_reasons, offpolicy.tolist(), rollouts.n,
+                self.cfg.logging.rollout_samples))
+        csv, png = validation_curve(self.val_history, f"{self.cfg.name}: validation")
+        self.logger.log_file("validation_curve.csv", csv)
+        self.logger.log_file("validation_curve.png", png)
+
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
     cfg = TrialConfig.model_validate(config["trial"])
-    Trial(cfg, config["model_path"], config["rollout_service"], config.get("tracking", {}),
+    Trial(cfg, config["model_path"], config["rollout_service"], config["verifier"], config.get("tracking", {}),
           store=config.get("offline_store"), embedder=config.get("embedding_service")).run()

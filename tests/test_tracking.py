@@ -1,0 +1,42 @@
+"""MLflow going away never stops a trial: run creation retries then goes on untracked, and per-step
+metrics and artifacts are buffered while a real tracking server is down and sent once it is back."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator.tracking import Tracker
+from trainables.config import TrialConfig
+from trainables.step_log import StepLogger
+
+
+@pytest.fixture(autouse=True)
+def fail_fast(monkeypatch):
+    """MLflow's own HTTP retries take minutes against a dead server; ours are what is under test."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+
+
+def test_run_creation_against_a_dead_server_gives_up_without_raising(free_port):
+    tracker = Tracker(f"http://127.0.0.1:{free_port}", "rlvr-explore", retry_waits_s=(0.1, 0.1))
+    assert tracker.start_trial_run(TrialConfig()) is None
+    tracker.finish(None, "finished")  # closing an untracked run is a no-op, not an error
+
+
+def test_step_logger_buffers_while_the_server_is_down(tmp_path, free_port, mlflow_server):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = Tracker(store, "rlvr-explore").start_trial_run(TrialConfig(name="buffered"))
+    logger = StepLogger(f"http://127.0.0.1:{free_port}", run_id)  # the server is not up yet
+    for step in range(3):
+        logger.log(step, {"rollout/reward_mean": step / 10})
+    logger.log_file("rollouts/step_000003.jsonl", '{"reward": 1.0}\n')
+    assert logger.failing_since is not None and len(logger.pending) == 3 and logger.pending_files
+
+    mlflow_server(store, free_port)
+    logger.log(3, {"rollout/reward_mean": 0.3})
+    assert logger.failing_since is None and not logger.pending and not logger.pending_files
+    client = MlflowClient(store)
+    history = client.get_metric_history(run_id, "rollout/reward_mean")
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [a.path for a in client.list_artifacts(run_id, "rollouts")] == ["rollouts/step_000003.jsonl"]

@@ -1,0 +1,45 @@
+"""Small per-trial artifacts for MLflow: a sample of rollouts with their rewards, the validation curve."""
+
+from __future__ import annotations
+
+import io
+import json
+
+
+def rollout_samples_jsonl(step: int, questions: list[str], golds: list[str], texts: list[str],
+                          rewards: list[float], finish_reasons: list[str], offpolicy: list[bool],
+                          group_size: int, limit: int) -> str:
+    """The first `limit` rows of a step's groups (row i answers question i // group_size), one JSON each."""
+    lines = []
+    for i in range(min(limit, len(texts))):
+        p = i // group_size
+        lines.append(json.dumps({
+            "step": step, "question": questions[p], "gold": golds[p], "response": texts[i],
+            "reward": rewards[i], "finish_reason": finish_reasons[i],
+            "source": "offline" if offpolicy[i] else "online",
+        }))
+    return "\n".join(lines) + "\n"
+
+
+def validation_curve(history: list[tuple[int, dict[str, float]]], title: str) -> tuple[str, bytes]:
+    """(CSV, PNG) of val/* against the RL step; step 0 is the base policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on workers
+    import matplotlib.pyplot as plt
+
+    keys = sorted({k for _, metrics in history for k in metrics})
+    rows = ["step," + ",".join(keys)]
+    rows += [f"{step}," + ",".join(f"{m.get(k, float('nan')):.6g}" for k in keys) for step, m in history]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        ax.plot([s for s, _ in history], [m.get(key, float("nan")) for _, m in history], marker="o")
+        ax.set_xlabel("RL step")
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    return "\n".join(rows) + "\n", png.getvalue()
