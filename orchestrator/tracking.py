@@ -93,9 +93,7 @@ class Tracker:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=cfg.name, tags=all_tags)
         run_id = run.info.run_id
-        params = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(cfg.model_dump(mode="json")).items()]
-        for i in range(0, len(params), 100):  # MLflow's per-batch parameter limit
-            self.client.log_batch(run_id, params=params[i : i + 100])
+        self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
         self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
                              "spec.yaml")
         return run_id
@@ -108,9 +106,7 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name,
                                      tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
                                            "state": "running"})
-        params = [Param(f"search.{k}", str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(search).items()]
-        for i in range(0, len(params), 100):
-            self.client.log_batch(run.info.run_id, params=params[i : i + 100])
+        self.log_params(run.info.run_id, flatten(search, "search."))
         self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
         return run.info.run_id
 
@@ -122,9 +118,14 @@ class Tracker:
         objective = {} if best["metric"] is None else {"best/objective": best["metric"]}
         self.log_metrics(run_id, {**objective, **{f"sweep/{k}": v for k, v in budget.items()}})
         self.client.set_tag(run_id, "best_trial", str(best["trial_id"]))
-        self.client.log_batch(run_id, params=[Param(f"best.{k}", str(v)) for k, v in best["params"].items()])
+        self.log_params(run_id, {f"best.{k}": v for k, v in best["params"].items()})
         self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
         self._finish(run_id, "finished")
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        batch = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+        for i in range(0, len(batch), 100):  # MLflow's per-batch parameter limit
+            self.client.log_batch(run_id, params=batch[i : i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         batch = [Metric(k, float(v), int(time.time() * 1000), step) for k, v in metrics.items()]

@@ -118,9 +118,13 @@ class Trial:
         self.start_step = 0
         self.weight_version = 0
         self.base_val: dict[str, float] = {}
-        self.latest_val: dict[str, float] = {}  # val/* of the latest validation
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
         self.last_step_rows = None  # (problems, rollouts, rewards, offpolicy) of the latest step
+
+    @property
+    def latest_val(self) -> dict[str, float]:
+        """val/* of the latest validation ({} before the first)."""
+        return self.val_history[-1][1] if self.val_history else {}
 
     # -- stages ---------------------------------------------------------------------------------
     def encode(self, problems: list[Problem]) -> list[list[int]]:
@@ -299,19 +303,17 @@ class Trial:
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
-                self.latest_val = self.validate()  # the base policy, before any update
+                self.val_history.append((0, self.validate()))  # the base policy, before any update
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
             self.log(-1, {**self.base_val, "timing/validate": t["validate"]})
-            self.val_history.append((0, self.latest_val))
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
             last = step == cfg.learner.steps - 1
             validated = bool(every) and ((step + 1) % every == 0 or last)
             if validated:
                 with timed(t := {}, "validate"):
-                    self.latest_val = self.validate()
+                    self.val_history.append((step + 1, self.validate()))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
-                self.val_history.append((step + 1, self.latest_val))
                 self.log_artifacts(step)
             metrics.update(self.base_val)
             self.log(step, metrics)
