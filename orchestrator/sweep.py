@@ -1,24 +1,34 @@
 """python -m orchestrator.sweep SPEC.yaml [--name N] [--storage PATH_OR_URI] [--num-samples K]
-[--max-concurrent C] [--set key.path=value ...] [--tracking-uri URI] [--dry-run]
+[--max-concurrent C] [--set key.path=value ...] [--tracking-uri URI] [--dry-run] [--resume]
 
 A Ray Tune experiment over the spec's `search:` space: Optuna's TPE proposes trial settings (its
 study in sqlite beside the sweep, so its history outlives the driver), ASHA stops weak trials early,
 each trial is one Ray Train run of the RL loop with its own rollout service, and MLflow records one
 parent run for the sweep and one nested run per trial.
+
+`--resume` (same spec, name and storage) continues a sweep whose driver died or was stopped:
+finished and errored trials stay as they are, every unfinished one continues from its latest
+checkpoint in its own MLflow run, and the Optuna study, the searcher and ASHA go on where they
+were. SIGTERM makes every running trial checkpoint at its next step boundary; the driver then
+exits with 75, ready for `--resume`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from ray.tune import Callback
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SearchConfig, SpecError, apply_overrides, load_sweep_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from orchestrator.train import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
@@ -27,6 +37,8 @@ from trainables.data.bootstrap import resolve_model_path
 
 console = Console()
 BEST_SPEC = "best_trial.yaml"
+STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
+RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
 
 
 class SweepFailed(RuntimeError):
@@ -94,8 +106,11 @@ def absolute_paths(base: dict) -> dict:
     return out
 
 
-def make_trainable(base: dict, fixed: dict[str, Any], storage: str, tracking: dict):
-    """The Tune trial: one Ray Train run of the RL loop, tracked as a nested MLflow run."""
+def make_trainable(base: dict, fixed: dict[str, Any], storage: str, tracking: dict, stop: StopRequest):
+    """The Tune trial: one Ray Train run of the RL loop, tracked as a nested MLflow run.
+
+    A restarted trial (--resume) finds its Train run's checkpoint and its MLflow run by its id.
+    """
 
     def trainable(sampled: dict[str, Any]) -> None:
         from ray import tune
@@ -105,37 +120,50 @@ def make_trainable(base: dict, fixed: dict[str, Any], storage: str, tracking: di
         cfg = trial_config(base, sampled, fixed, trial_id, storage)
         model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
         tracker = Tracker(tracking["uri"], cfg.logging.experiment)
-        run_id = tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"],
+        run_id = tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
                                          tags={"kind": "trial", "sweep": tracking["sweep"], "trial_id": trial_id})
         store = load_offline(cfg, model_path)
         if store is not None:
             tracker.log_offline_store(run_id, store)
         result = fit_trial(cfg, model_path, tracking={"uri": tracking["uri"], "run_id": run_id}, store=store,
-                           run_callbacks=[TuneReportCallback()])
+                           run_callbacks=[TuneReportCallback()], stop_file=stop.uri)
         if result.error:
             raise result.error
+        if (result.metrics or {}).get("progress/preempted"):
+            # Checkpointed for a resume: tell the driver, and stay "running" so that Tune neither
+            # closes the trial nor starts another in its place before the driver exits.
+            tracker.finish(run_id, "stopped")
+            stop.acknowledge(trial_id)
+            while True:
+                time.sleep(60)
 
     return trainable
 
 
-class TrialStates:
-    """Tune callback: closes each trial's MLflow run with its state (finished, pruned, errored)."""
+class TrialStates(Callback):
+    """Tune callback: closes each trial's MLflow run with its state (finished, pruned, errored),
+    and keeps `RUNNING` for the SIGTERM path.
 
-    def __new__(cls, tracker: Tracker, sweep: str, steps: int):
-        from ray.tune import Callback
+    A module-level class, so that the copy Tune pickles with the sweep (and a --resume restores)
+    still updates this module's `RUNNING`.
+    """
 
-        class _States(Callback):
-            def _close(self, trial, state: str) -> None:
-                tracker.finish_sweep_trial(sweep, trial.trial_id, state)
+    def __init__(self, tracker: Tracker, sweep: str, steps: int):
+        self.tracker, self.sweep, self.steps = tracker, sweep, steps
 
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                done = (trial.last_result or {}).get("progress/step", 0) >= trial.config.get("learner.steps", steps)
-                self._close(trial, "finished" if done else "pruned")
+    def on_trial_start(self, iteration, trials, trial, **info):
+        RUNNING.add(trial.trial_id)
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                self._close(trial, "errored")
+    def _close(self, trial, state: str) -> None:
+        RUNNING.discard(trial.trial_id)
+        self.tracker.finish_sweep_trial(self.sweep, trial.trial_id, state)
 
-        return _States()
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        done = (trial.last_result or {}).get("progress/step", 0) >= trial.config.get("learner.steps", self.steps)
+        self._close(trial, "finished" if done else "pruned")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._close(trial, "errored")
 
 
 def ranked_table(results, search: SearchConfig, keys: list[str], steps: int) -> Table:
@@ -188,18 +216,28 @@ def run(spec: str, args) -> int:
         return 0
     name = args.name or base_cfg.name
     storage = args.storage or base_cfg.storage
-    sweep_dir = Path(storage_uri(storage)) / name if "://" not in storage else Path(".cache") / "sweeps" / name
+    sweep_uri = f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage_uri(storage)) / name)
+    # The Optuna study and the best trial's spec stay on a local disk when the sweep lives in a bucket.
+    sweep_dir = Path(sweep_uri) if "://" not in storage else Path(".cache") / "sweeps" / name
+    check_resumable(sweep_uri, name, args.resume)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     resolve_model_path(base_cfg.model.path, base_cfg.model.tiny, base_cfg.cache_dir)  # build once, here
     uri = args.tracking_uri or base_cfg.logging.tracking_uri or default_tracking_uri(storage)
     tracker = Tracker(uri, base_cfg.logging.experiment)
-    parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=search.model_dump(mode="json"))
-    console.print(f"sweep {name}: {search.num_samples} trials, MLflow run {parent} in {uri}")
+    parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=search.model_dump(mode="json"),
+                                     resume=args.resume)
+    console.print(f"sweep {name}{' (resumed)' if args.resume else ''}: {search.num_samples} trials, "
+                  f"MLflow run {parent} in {uri}")
     init_ray(logical_cpus(base_cfg) * search.max_concurrent_trials)
+    stop = StopRequest(sweep_uri)
+    stop.clear()
+    stop.on_sigterm(lambda: stop_when_checkpointed(stop, tracker, parent))
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
-    results = fit_sweep(search, base, fixed, name, storage, tracker, parent, steps)
+    trainable = make_trainable(base, fixed, f"{sweep_uri}/trials", {"uri": uri, "parent_run_id": parent, "sweep": name},
+                               stop)
+    results = fit_sweep(search, trainable, sweep_uri, sweep_dir, name, tracker, steps, args.resume)
     best = report(results, search, sweep_dir, base, fixed, steps)
     tracker.finish_sweep(parent, best, {"wall_s": time.perf_counter() - start})
     console.print(f"sweep done in {time.perf_counter() - start:.0f} s")
@@ -207,21 +245,51 @@ def run(spec: str, args) -> int:
     return 0
 
 
-def fit_sweep(search, base, fixed, name, storage, tracker, parent, steps):
+def check_resumable(sweep_uri: str, name: str, resume: bool) -> None:
     from ray import tune
 
-    metric, mode = objectives(search)
-    trainable = make_trainable(base, fixed, storage_uri(f"{storage}/{name}/trials") if "://" not in storage
-                               else f"{storage}/{name}/trials",
-                               {"uri": tracker.uri, "parent_run_id": parent, "sweep": name})
-    sweep_dir = Path(storage_uri(storage)) / name
+    exists = tune.Tuner.can_restore(f"{sweep_uri}/tune")
+    if resume and not exists:
+        raise SpecError(f"--resume: no sweep named {name!r} to resume in {sweep_uri}")
+    if exists and not resume:
+        raise SpecError(f"--name: a sweep named {name!r} already exists in {sweep_uri}; pass --resume to "
+                        f"continue it, or --name NEW for a new sweep")
+
+
+def stop_when_checkpointed(stop: StopRequest, tracker: Tracker, parent: str | None) -> None:
+    """SIGTERM: once every running trial has checkpointed (or after STOP_GRACE_S), exit for a resume."""
+    console.print(f"SIGTERM: {len(RUNNING)} running trials checkpoint at their next step boundary, then the "
+                  f"sweep stops")
+
+    def wait_and_exit() -> None:
+        deadline = time.time() + STOP_GRACE_S
+        while not RUNNING <= stop.acknowledged() and time.time() < deadline:
+            time.sleep(1)
+        missing = RUNNING - stop.acknowledged()
+        tracker.finish(parent, "stopped")
+        console.print(f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
+                      f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
+                      f"with --resume to continue", highlight=False)
+        sys.stdout.flush()
+        os._exit(STOPPED_EXIT_CODE)  # the trials hold their slots until the driver (and its job) goes
+
+    threading.Thread(target=wait_and_exit, daemon=True).start()
+
+
+def fit_sweep(search, trainable, sweep_uri: str, sweep_dir: Path, name: str, tracker, steps: int, resume: bool):
+    from ray import tune
+
+    # Tune saves its state (trials, searcher, scheduler) at most this often: what a killed driver loses.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
+    if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
+        return tune.Tuner.restore(f"{sweep_uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
     tuner = tune.Tuner(
-        tune.with_resources(trainable, {"CPU": 0.5}),  # the driver only: Train workers reserve their own
+        trainable,
         tune_config=tune.TuneConfig(search_alg=make_searcher(search, sweep_dir, name),
                                     scheduler=make_scheduler(search, steps), num_samples=search.num_samples,
                                     max_concurrent_trials=search.max_concurrent_trials),
-        run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir),
-                                  callbacks=[TrialStates(tracker, name, steps)]),
+        run_config=tune.RunConfig(name="tune", storage_path=sweep_uri, callbacks=[TrialStates(tracker, name, steps)]),
     )
     return tuner.fit()
 
@@ -256,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="print the space and the first proposals only")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the sweep of the same name and storage (unfinished trials from their checkpoints)")
     args = parser.parse_args(argv)
     try:
         return run(args.spec, args)

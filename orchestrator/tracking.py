@@ -84,11 +84,21 @@ class Tracker:
                 time.sleep(wait)
 
     def start_trial_run(self, cfg: TrialConfig, *, parent_run_id: str | None = None,
-                        tags: dict[str, str] | None = None) -> str | None:
-        return self._retried("creating the trial run", self._start_trial_run, cfg, parent_run_id, tags or {})
+                        tags: dict[str, str] | None = None, resume: bool = False) -> str | None:
+        """The trial's run: with `resume`, the run already recording this Train run (reopened), if any."""
+        return self._retried("creating the trial run", self._start_trial_run, cfg, parent_run_id, tags or {},
+                             resume)
 
-    def _start_trial_run(self, cfg: TrialConfig, parent_run_id: str | None, tags: dict[str, str]) -> str:
-        all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running", **tags}
+    def _start_trial_run(self, cfg: TrialConfig, parent_run_id: str | None, tags: dict[str, str],
+                         resume: bool) -> str:
+        run_path = f"{cfg.storage.rstrip('/')}/{cfg.name}"  # where Ray Train keeps the run: its identity
+        if resume:
+            found = self.client.search_runs([self.experiment_id], f"tags.run_path = '{run_path}'",
+                                            order_by=["attributes.start_time DESC"], max_results=1)
+            if found:
+                return self._reopen(found[0].info.run_id)
+        all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running",
+                    "run_path": run_path, **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=cfg.name, tags=all_tags)
@@ -98,11 +108,17 @@ class Tracker:
                              "spec.yaml")
         return run_id
 
-    def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any]) -> str | None:
+    def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any],
+                        resume: bool = False) -> str | None:
         """The sweep's parent run: its spec, search space and commit; trials nest under it."""
-        return self._retried("creating the sweep run", self._start_sweep_run, name, spec_text, search)
+        return self._retried("creating the sweep run", self._start_sweep_run, name, spec_text, search, resume)
 
-    def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any]) -> str:
+    def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any], resume: bool) -> str:
+        if resume:
+            found = self.client.search_runs([self.experiment_id], f"tags.kind = 'sweep' and tags.sweep = '{name}'",
+                                            order_by=["attributes.start_time DESC"], max_results=1)
+            if found:
+                return self._reopen(found[0].info.run_id)
         run = self.client.create_run(self.experiment_id, run_name=name,
                                      tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
                                            "state": "running"})
@@ -156,8 +172,16 @@ class Tracker:
 
     def _finish(self, run_id: str, state: str) -> None:
         self.client.set_tag(run_id, "state", state)
-        status = RunStatus.FINISHED if state == "finished" else RunStatus.FAILED
+        status = {"finished": RunStatus.FINISHED, "stopped": RunStatus.KILLED}.get(state, RunStatus.FAILED)
         self.client.set_terminated(run_id, RunStatus.to_string(status))
+
+    def _reopen(self, run_id: str) -> str:
+        """A run continued by --resume: running again, and counted."""
+        run = self.client.get_run(run_id)
+        self.client.update_run(run_id, status="RUNNING")
+        self.client.set_tag(run_id, "state", "running")
+        self.client.set_tag(run_id, "resumes", str(int(run.data.tags.get("resumes", "0")) + 1))
+        return run_id
 
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]

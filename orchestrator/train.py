@@ -1,6 +1,9 @@
-"""python -m orchestrator.train SPEC.yaml [--set key.path=value ...]
+"""python -m orchestrator.train SPEC.yaml [--set key.path=value ...] [--resume]
 
 Runs ONE trial as a Ray Train run (final models, debugging), tracked as a top-level MLflow run.
+SIGTERM or `checkpoint.save_by` make it checkpoint at the next step boundary and exit with 75;
+`--resume` (same spec and storage) continues it from its latest intact checkpoint, in the same
+MLflow run.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
@@ -109,7 +113,7 @@ def start_verifier():
 
 
 def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,
-              run_callbacks: list | None = None):
+              run_callbacks: list | None = None, stop_file: str | None = None):
     """Start the trial's rollout service (and encoder), run the Ray Train loop, return the `Result`."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -126,15 +130,18 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
             train_loop_per_worker,
             train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
                                "rollout_service": service, "verifier": verifier, "tracking": tracking,
-                               "offline_store": store, "embedding_service": embedder},
+                               "offline_store": store, "embedding_service": embedder, "stop_file": stop_file},
             torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker={"CPU": cfg.learner.cpus_per_worker}),
             run_config=RunConfig(
                 name=cfg.name,
                 storage_path=storage_uri(cfg.storage),
-                checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-                failure_config=FailureConfig(max_failures=0),
+                checkpoint_config=CheckpointConfig(
+                    num_to_keep=cfg.checkpoint.keep, checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
+                    checkpoint_score_order=cfg.checkpoint.keep_best_mode),
+                # A lost learner rank restarts the worker group from the last checkpoint.
+                failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
                 logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics
                 callbacks=run_callbacks or [],
             ),
@@ -170,30 +177,41 @@ def check_fresh(cfg: TrialConfig, resume: bool) -> None:
 
 
 def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
+    """Run (or with `resume` continue) the trial; its final metrics, with progress/preempted = 1 when
+    it stopped early for a resume."""
+    cfg.storage = storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
     check_fresh(cfg, resume)
     model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     store = load_offline(cfg, model_path)
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)
     tracker = Tracker(uri, cfg.logging.experiment)
-    run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"})
+    run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"}, resume=resume)
     if store is not None:
         tracker.log_offline_store(run_id, store)
     console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
     init_ray(logical_cpus(cfg))
+    stop = StopRequest(f"{cfg.storage}/{cfg.name}")
+    stop.clear()
+    stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
     start = time.perf_counter()
     state = "errored"
     try:
-        result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store)
+        result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store,
+                           stop_file=stop.uri)
         if result.error:
             raise result.error
-        state = "finished"
+        metrics = dict(result.metrics or {})
+        state = "stopped" if metrics.get("progress/preempted") else "finished"
     finally:
         tracker.finish(run_id, state)
-    metrics = dict(result.metrics or {})
-    console.print(summary_table(metrics, f"trial {cfg.name}: {cfg.learner.steps} steps in "
+    done = int(metrics.get("progress/step", 0))
+    console.print(summary_table(metrics, f"trial {cfg.name}: {done}/{cfg.learner.steps} steps in "
                                          f"{time.perf_counter() - start:.0f} s"))
     console.print(f"checkpoint: {result.checkpoint.path if result.checkpoint else '-'}")
+    if state == "stopped":
+        console.print(f"[yellow]stopped[/yellow] after step {done} with a checkpoint: rerun the same command "
+                      f"with --resume to continue")
     console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
     return metrics
 
@@ -208,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_trial_spec(args.spec, args.overrides)
-        run(cfg, resume=args.resume)
+        metrics = run(cfg, resume=args.resume)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
-    return 0
+    return STOPPED_EXIT_CODE if metrics.get("progress/preempted") else 0
 
 
 if __name__ == "__main__":

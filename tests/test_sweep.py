@@ -73,7 +73,7 @@ def finished_sweep(ray_cluster, tiny_model_path, tmp_path_factory):
     spec = spec_with(tmp, ASHA_SEARCH)
     args = argparse.Namespace(
         overrides=["validation.every=2", "validation.num_prompts=32"], num_samples=None, max_concurrent=None,
-        dry_run=False, name="asha", storage=str(tmp / "runs"), tracking_uri=None)
+        dry_run=False, name="asha", storage=str(tmp / "runs"), tracking_uri=None, resume=False)
     assert sweep.run(str(spec), args) == 0
     return tmp / "runs"
 

@@ -6,6 +6,7 @@ validated `TrialConfig` (or the sub-config it needs) and never reads files or th
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -199,8 +200,20 @@ class ValidationConfig(Section):
 
 
 class CheckpointConfig(Section):
+    """When a trial saves its full state, how many saves it keeps, and how it survives failures."""
+
     every: int = Field(0, ge=0, description="Checkpoint every k RL steps; 0: only at the end.")
-    keep: PositiveInt = Field(2, description="Checkpoints kept.")
+    keep: PositiveInt = Field(
+        2, description="Checkpoints kept (the latest always is; keep >= 2 leaves a fallback if it is corrupt).")
+    keep_best_by: str | None = Field(
+        None, description="Rank kept checkpoints by this reported metric (e.g. val/accuracy) instead of age.")
+    keep_best_mode: Literal["max", "min"] = Field("max", description="Whether keep_best_by is maximised.")
+    max_failures: int = Field(
+        3, ge=-1, description="Learner worker-group failures Ray Train recovers from the last checkpoint; "
+        "-1: unlimited, 0: none.")
+    save_by: datetime | None = Field(
+        None, description="Wall-clock deadline (ISO 8601; local time unless it has an offset): the trial "
+        "checkpoints at the last step boundary it can finish before it, and stops for a --resume.")
 
 
 class LoggingConfig(Section):

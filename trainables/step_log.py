@@ -3,6 +3,9 @@
 Ray Train keeps only what `ray.train.report` sends, and reporting is a barrier worth ~seconds, so
 the full per-step history goes straight to MLflow from rank 0. A tracking server that is down makes
 the logger buffer and retry at the next step, and say so once; the trial goes on.
+
+A resumed trial recomputes the steps since its checkpoint; their metrics are already in the run,
+so the logger drops steps up to `skip_through` and the history has each step exactly once.
 """
 
 from __future__ import annotations
@@ -28,9 +31,21 @@ class StepLogger:
         self.pending: list = []
         self.pending_files: dict[str, bytes] = {}  # artifact path -> content; a rewrite replaces it
         self.failing_since: float | None = None
+        self.skip_through = -1
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def logged_through(self, keys: tuple[str, ...]) -> int:
+        """The last MLflow step at which any of `keys` is already in the run (-1: none, or no run)."""
         if self.client is None:
+            return -1
+        try:
+            return max((m.step for key in keys for m in self.client.get_metric_history(self.run_id, key)), default=-1)
+        except Exception as e:  # noqa: BLE001 - an unreachable store: nothing to skip
+            log.warning("could not read the run's metric history (%s); recomputed steps may be logged twice", e)
+            return -1
+
+    def log(self, step: int, metrics: dict[str, float], *, force: bool = False) -> None:
+        """Metrics of an MLflow step; steps up to `skip_through` are dropped unless `force`."""
+        if self.client is None or (step <= self.skip_through and not force):
             return
         from mlflow.entities import Metric
 

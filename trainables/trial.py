@@ -9,7 +9,8 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
     rollout/frac_zero_std, rollout/verify_<reason> (counts), policy/entropy, policy/clip_fraction,
     policy/kl, policy/grad_norm, policy/lr, tis/weight_mean, tis/weight_max, tis/capped_fraction,
     timing/{generate,score,old_logprob,offline,update,sync,validate,step}, timing/tokens_per_s,
-    policy/offpolicy_token_share; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
+    policy/offpolicy_token_share, faults/service_losses (cumulative, rank 0), and at a resume
+    faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
     rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
     exploration_mean,exploration_max}.
     val/accuracy, val/response_length (every `validation.every` steps), progress/{step,optimizer_step}.
@@ -22,6 +23,7 @@ import random
 import tempfile
 import time
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,8 @@ import torch.distributed as dist
 
 from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
+from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, rng_state, set_rng_state,
+                                   write_manifest)
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.tasks import encode_prompt, load_task
@@ -39,10 +43,17 @@ from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
 from trainables.rewards.verify import REASONS
+from trainables.rollout.service import StaleWeightsError
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_log import StepLogger
 
-STATE_FILE = "trial_state.json"
+SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails
+SERVICE_RESTART_TIMEOUT_S = 300
+LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written, or no intact one to resume from: the trial stops."""
 
 
 @contextmanager
@@ -100,9 +111,10 @@ class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
     def __init__(self, cfg: TrialConfig, model_path: str, service, verifier, tracking: dict, *,
-                 store: OfflineStore | None = None, embedder=None):
+                 store: OfflineStore | None = None, embedder=None, stop_file: str | None = None):
         ctx = ray.train.get_context()
         self.cfg, self.service, self.verifier, self.store, self.embedder = cfg, service, verifier, store, embedder
+        self.stop_file = stop_file  # its existence asks the trial to checkpoint and stop (SIGTERM)
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
@@ -120,6 +132,9 @@ class Trial:
         self.base_val: dict[str, float] = {}
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
         self.last_step_rows = None  # (problems, rollouts, rewards, offpolicy) of the latest step
+        self.save_seconds: float | None = None  # the latest checkpoint's cost, for the deadline
+        self.last_step_seconds: float | None = None
+        self.service_losses = 0  # rank 0: rollout-service calls lost to a dead service, re-synced and retried
 
     @property
     def latest_val(self) -> dict[str, float]:
@@ -145,9 +160,42 @@ class Trial:
         state = self.learner.full_state_dict()  # collective under ZeRO-3
         self.weight_version = self.learner.optimizer_step
         if self.rank == 0:
-            ray.get(self.service.update_weights.remote([ray.put(state)], self.weight_version))
+            ref = ray.put(state)
+            for attempt in range(SERVICE_RETRIES + 1):
+                try:  # a restarting service queues the call and serves it from its new process
+                    ray.get(self.service.update_weights.remote([ref], self.weight_version),
+                            timeout=SERVICE_RESTART_TIMEOUT_S)
+                    break
+                except ray.exceptions.RayActorError as e:  # it died during the update: push again
+                    self.service_losses += 1
+                    if attempt == SERVICE_RETRIES:
+                        raise
+                    print(f"[trial {self.cfg.name}] rollout service lost during a weight update ({e}); "
+                          f"pushing again", flush=True)
         if dist.is_initialized():
             dist.barrier()  # no rank generates before the new weights are in
+
+    def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> RolloutBatch:
+        """Rollouts from the service at the learner's weights; a lost service is re-synced and retried.
+
+        Ray restarts a dead service with its initial weights; every rank learns of a loss through an
+        all-reduce, all re-sync together, and only the ranks without rollouts ask again.
+        """
+        rollouts, error = None, None
+        for _ in range(SERVICE_RETRIES + 1):
+            if rollouts is None:
+                try:
+                    rollouts = ray.get(self.service.generate.remote(prompts, n, spec, self.weight_version))
+                except (ray.exceptions.RayActorError, StaleWeightsError) as e:
+                    error = e
+            if reduce_max(float(rollouts is None)) == 0:
+                return rollouts
+            if self.rank == 0:
+                self.service_losses += 1
+                print(f"[trial {self.cfg.name}] rollout service lost ({type(error).__name__ if error else 'on another rank'}); "
+                      f"re-syncing weights version {self.weight_version} and retrying", flush=True)
+            self.sync_weights()
+        raise RuntimeError(f"rollout service lost {SERVICE_RETRIES + 1} times in one call: {error}")
 
     def rollout_step(self, step: int) -> dict[str, float]:
         cfg, t = self.cfg, {}
@@ -157,7 +205,7 @@ class Trial:
             spec = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens,
                                  self.learner.optimizer_step, seed=cfg.seed * 100_003 + step * 101 + self.rank)
             with timed(t, "generate"):
-                rollouts = ray.get(self.service.generate.remote(self.encode(problems), cfg.rollout.group_size, spec))
+                rollouts = self.generate(self.encode(problems), cfg.rollout.group_size, spec)
             online = rollouts
             # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass.
             embeddings = (self.embedder.embed.remote(rollouts.texts, [p.question for p in problems])
@@ -263,6 +311,7 @@ class Trial:
             "timing/tokens_per_s": s["length"] / max(t["step"], 1e-9),
             "progress/step": step + 1,  # RL steps done: the time axis of Tune's schedulers
             "progress/optimizer_step": self.learner.optimizer_step,
+            "faults/service_losses": self.service_losses,
         }
         return metrics
 
@@ -272,7 +321,7 @@ class Trial:
         shard = self.val_set[self.rank :: self.world]
         spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, self.learner.optimizer_step,
                              seed=self.cfg.seed * 7919 + 17 + self.rank)  # same draws at every validation
-        rollouts = ray.get(self.service.generate.remote(self.encode(shard), v.samples, spec))
+        rollouts = self.generate(self.encode(shard), v.samples, spec)
         rewards, _ = self.score(rollouts, shard)
         s = reduce_sums({"seqs": float(len(rewards)), "reward": float(rewards.sum()),
                          "length": float(rollouts.num_tokens)})
@@ -280,26 +329,86 @@ class Trial:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, step: int, metrics: dict[str, float]) -> None:
+        """Every rank writes and seals its part (trainables/checkpoint.py); Ray Train uploads the
+        merged folder and commits it only once every rank's upload is done."""
+        start = time.perf_counter()
         with tempfile.TemporaryDirectory() as folder:
-            self.learner.save(folder, client_state={"step": step})
-            if self.rank == 0:
-                (Path(folder) / STATE_FILE).write_text(json.dumps({"step": step, "metrics": metrics}))
+            try:
+                self.learner.save(folder, client_state={"step": step})
+                torch.save({"step": step, "rng": rng_state()}, Path(folder) / rank_file(self.rank))
+                if self.rank == 0:
+                    (Path(folder) / TRIAL_STATE).write_text(json.dumps({
+                        "step": step, "world_size": self.world, "base_val": self.base_val,
+                        "val_history": self.val_history, "metrics": metrics}))
+                write_manifest(folder, self.rank)
+            except OSError as e:
+                raise CheckpointError(f"checkpoint: cannot write step {step + 1} in {folder}: {e}") from e
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+        self.save_seconds = time.perf_counter() - start
 
     def restore(self) -> None:
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
+        """Continue from the latest intact checkpoint; a corrupt latest one falls back to an older one."""
+        latest = ray.train.get_checkpoint()
+        if latest is None:
             return
-        with checkpoint.as_directory() as folder:
-            self.learner.load(folder)
-            state = json.loads((Path(folder) / STATE_FILE).read_text())
-        self.start_step = state["step"] + 1
+        for folder in self.checkpoints_to_try(latest):
+            with folder.as_directory() as local:
+                problem = checkpoint_problem(local, self.world)
+                state = None if problem else json.loads((Path(local) / TRIAL_STATE).read_text())
+                if state and state["world_size"] != self.world:
+                    raise CheckpointError(
+                        f"checkpoint: {folder.path} was saved by {state['world_size']} learner ranks; resume "
+                        f"with learner.num_workers={state['world_size']} (this run has {self.world})")
+                if problem:
+                    if self.rank == 0:
+                        print(f"[trial {self.cfg.name}] checkpoint {folder.path} is unusable: {problem}; "
+                              f"trying the one before it", flush=True)
+                    continue
+                self.learner.load(local)
+                rank_state = torch.load(Path(local) / rank_file(self.rank), weights_only=False)
+            set_rng_state(rank_state["rng"])
+            self.start_step = state["step"] + 1
+            self.base_val = state["base_val"]
+            self.val_history = [(int(done), val) for done, val in state["val_history"]]
+            if self.rank == 0:
+                print(f"[trial {self.cfg.name}] resumed after step {self.start_step} from {folder.path}", flush=True)
+            return
+        raise CheckpointError(f"checkpoint: no intact checkpoint to resume {self.cfg.name} from "
+                              f"(latest: {latest.path})")
+
+    def checkpoints_to_try(self, latest):
+        """The latest checkpoint, then the older committed ones, newest first (fetched only if needed)."""
+        yield latest
+        older = [c for c in ray.train.get_all_reported_checkpoints() if c.checkpoint.path != latest.path]
+        for reported in sorted(older, key=lambda c: c.metrics.get("progress/step", 0), reverse=True):
+            yield reported.checkpoint
+
+    def stop_requested(self) -> bool:
+        """A stop file (the driver got SIGTERM) or `checkpoint.save_by` too close to run another step.
+
+        Rank 0 decides and every rank follows, so all of them stop at the same step boundary.
+        """
+        stop = False
+        if self.rank == 0:
+            if self.stop_file:
+                import pyarrow.fs
+
+                fs, path = pyarrow.fs.FileSystem.from_uri(self.stop_file)
+                stop = fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+            deadline = self.cfg.checkpoint.save_by
+            if deadline is not None and self.last_step_seconds is not None:
+                now = datetime.now(deadline.tzinfo)
+                margin = 2 * self.last_step_seconds + (self.save_seconds or self.last_step_seconds)
+                stop = stop or (deadline - now).total_seconds() < margin
+        return reduce_max(float(stop)) > 0
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> None:
         cfg = self.cfg
         self.restore()
         self.sync_weights()  # the service must serve the learner's weights, also after a resume
+        if self.logger is not None:
+            self.resume_logging()
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
@@ -308,6 +417,7 @@ class Trial:
             self.log(-1, {**self.base_val, "timing/validate": t["validate"]})
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
+            self.last_step_seconds = metrics["timing/step"]
             last = step == cfg.learner.steps - 1
             validated = bool(every) and ((step + 1) % every == 0 or last)
             if validated:
@@ -318,16 +428,35 @@ class Trial:
             metrics.update(self.base_val)
             self.log(step, metrics)
             self.print_progress(step, metrics)
+            stop = not last and self.stop_requested()
             # Every report carries the latest validation, so Tune's schedulers always see the objective.
-            reported = {**self.latest_val, **metrics}
+            reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
             start = time.perf_counter()
-            if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
+            if last or stop or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 self.save_checkpoint(step, reported)
+                self.log(step, {"timing/checkpoint": self.save_seconds})
             elif (step + 1) % cfg.logging.report_every == 0 or validated:
                 ray.train.report(reported)
             else:
                 continue
             self.log(step, {"timing/report": time.perf_counter() - start})  # a barrier of all ranks
+            if stop:
+                if self.rank == 0:
+                    print(f"[trial {cfg.name}] stopped after step {step + 1} with a checkpoint; "
+                          f"--resume continues it", flush=True)
+                return
+
+    def resume_logging(self) -> None:
+        """Rank 0: leave the steps already in the MLflow run alone, and record where the run resumed."""
+        logged = self.logger.logged_through(LOGGED_KEYS)
+        self.logger.skip_through = logged
+        if logged < 0:
+            return
+        redone = max(logged - self.start_step, 0)  # MLflow step s = RL steps done
+        self.logger.log(self.start_step, {"faults/resumed_from_step": self.start_step, "faults/redone_steps": redone},
+                        force=True)
+        print(f"[trial {self.cfg.name}] MLflow run has steps up to {logged}: {redone} recomputed steps "
+              f"will not be logged again", flush=True)
 
     def print_progress(self, step: int, m: dict[str, float]) -> None:
         if self.rank != 0:
@@ -361,4 +490,5 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
     cfg = TrialConfig.model_validate(config["trial"])
     Trial(cfg, config["model_path"], config["rollout_service"], config["verifier"], config.get("tracking", {}),
-          store=config.get("offline_store"), embedder=config.get("embedding_service")).run()
+          store=config.get("offline_store"), embedder=config.get("embedding_service"),
+          stop_file=config.get("stop_file")).run()

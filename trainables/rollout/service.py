@@ -1,8 +1,12 @@
 """The rollout service: one Ray actor per trial owning the generation engine, shared by all ranks.
 
-Interface (every backend satisfies it): `generate(prompts, n, spec) -> RolloutBatch`,
+Interface (every backend satisfies it): `generate(prompts, n, spec, weight_version) -> RolloutBatch`,
 `update_weights(state_dict_ref, version) -> version`, `health() -> dict`. Learner ranks call
 `generate` with their own shard of prompts; the actor serves the calls one after the other.
+
+Ray restarts the actor if its process dies; it comes back with the initial weights, so `generate`
+refuses to serve a caller that expects another weight version (`StaleWeightsError`) until the
+learner has pushed its weights again (trainables/trial.py re-syncs and retries).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from trainables.rollout.types import RolloutBatch, SamplingSpec
 BACKENDS = {"hf": HFEngine}
 
 
+class StaleWeightsError(RuntimeError):
+    """The engine holds other weights than the caller's: a restarted service, not yet re-synced."""
+
+
 class RolloutService:
     def __init__(self, backend: str, model_path: str | Path, num_threads: int = 1):
         import torch
@@ -29,7 +37,11 @@ class RolloutService:
         self.engine = BACKENDS[backend](model_path)
         self.load_seconds = time.perf_counter() - start
 
-    def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> RolloutBatch:
+    def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec,
+                 weight_version: int | None = None) -> RolloutBatch:
+        if weight_version is not None and weight_version != self.engine.weight_version:
+            raise StaleWeightsError(f"the rollout service holds weight version {self.engine.weight_version}, "
+                                    f"the learner expects {weight_version}")
         return self.engine.generate(prompts, n, spec)
 
     def update_weights(self, state_dict, version: int) -> int:
@@ -48,9 +60,9 @@ class RolloutService:
 
 
 def start_rollout_service(backend: str, model_path: str | Path, *, num_cpus: float, name: str | None = None):
-    """Create the trial's rollout actor (named, so a restarted learner group finds the same one)."""
+    """Create the trial's rollout actor; Ray restarts it whenever its process dies."""
     # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
     actor = ray.remote(RolloutService).options(
-        num_cpus=num_cpus, name=name, get_if_exists=name is not None, max_restarts=0, scheduling_strategy="DEFAULT"
+        num_cpus=num_cpus, name=name, get_if_exists=name is not None, max_restarts=-1, scheduling_strategy="DEFAULT"
     )
     return actor.remote(backend, str(model_path), max(1, int(num_cpus)))

@@ -1,0 +1,252 @@
+"""Preemption: checkpoints a resume can trust, and faults injected into real runs on the local Ray
+cluster (a learner worker, the rollout service, the trial driver, the sweep driver killed).
+
+Every faulted run must end with the metric history of the uninterrupted run of the same seed, step
+for step and bit for bit (CPU), in one MLflow run, having redone at most the steps since its last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from orchestrator import train
+from orchestrator.preempt import STOPPED_EXIT_CODE
+from orchestrator.spec import load_trial_spec
+from orchestrator.tracking import default_tracking_uri
+from trainables.checkpoint import checkpoint_problem, manifest_file, write_manifest
+
+EVERY = 2
+TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16"]
+NOT_COMPARED = ("timing/", "faults/")  # wall-clock figures, and the record of the faults themselves
+
+
+def trial_cfg(storage: Path, *overrides: str):
+    return load_trial_spec("search_spaces/ead.yaml", [f"storage={storage}", *TRIAL, *overrides])
+
+
+def runs(storage: Path, kind: str = "trial") -> list:
+    client = MlflowClient(default_tracking_uri(str(storage)))
+    experiment = client.get_experiment_by_name("rlvr-explore")
+    return [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("kind") == kind]
+
+
+def history(storage: Path, run=None) -> dict[str, list[tuple[int, float]]]:
+    """The compared metric history of the storage's only trial run (or of `run`)."""
+    if run is None:
+        (run,) = runs(storage)  # one MLflow run per trial, however often it was resumed
+    client = MlflowClient(default_tracking_uri(str(storage)))
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+            for key in run.data.metrics if not key.startswith(NOT_COMPARED)}
+
+
+def fault_metrics(storage: Path, run=None) -> dict[str, list[float]]:
+    if run is None:
+        (run,) = runs(storage)
+    client = MlflowClient(default_tracking_uri(str(storage)))
+    return {key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
+            for key in run.data.metrics if key.startswith("faults/")}
+
+
+def logged_steps(storage: Path) -> list[int]:
+    """RL steps logged so far by each trial run in the storage, oldest run first ([] before any)."""
+    try:
+        client = MlflowClient(default_tracking_uri(str(storage)))
+        return [max((int(m.value) for m in client.get_metric_history(run.info.run_id, "progress/step")), default=0)
+                for run in sorted(runs(storage), key=lambda r: r.info.start_time)]
+    except Exception:  # noqa: BLE001 - the store is still being created
+        return []
+
+
+def logged_step(storage: Path) -> int:
+    return max(logged_steps(storage), default=0)
+
+
+def when(ready, action) -> threading.Thread:
+    """Run `action()` in a thread as soon as `ready()` holds."""
+    def watch():
+        deadline = time.time() + 600
+        while not ready() and time.time() < deadline:
+            time.sleep(0.2)
+        action()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def when_step(storage: Path, step: int, action) -> threading.Thread:
+    """Run `action()` as soon as the trial in `storage` has logged `step` RL steps."""
+    return when(lambda: logged_step(storage) >= step, action)
+
+
+def sigkill_actor(class_name: str) -> None:
+    from ray.util.state import list_actors
+
+    (actor, *_) = list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")])
+    os.kill(actor.pid, signal.SIGKILL)
+
+
+def driver_env(ray_cluster) -> dict[str, str]:
+    """A CLI driver joins the tests' cluster, as a driver joins a real cluster (RAY_ADDRESS)."""
+    return {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+
+
+@pytest.fixture(scope="module")
+def reference(ray_cluster, tiny_model_path, tmp_path_factory) -> dict:
+    storage = tmp_path_factory.mktemp("reference")
+    train.run(trial_cfg(storage))
+    return history(storage)
+
+
+def test_manifest_finds_missing_truncated_and_altered_parts(tmp_path):
+    for rank in (0, 1):
+        part = tmp_path / f"part{rank}"
+        (part / "engine").mkdir(parents=True)
+        (part / "engine" / f"optim_{rank}.pt").write_bytes(os.urandom(4096))
+        (part / f"rank_{rank}.pt").write_bytes(b"state")
+        write_manifest(part, rank)
+    merged = tmp_path / "merged"
+    for rank in (0, 1):  # what Ray Train does with the ranks' folders
+        subprocess.run(["cp", "-r", f"{tmp_path / f'part{rank}'}/.", str(merged)], check=True)
+    assert checkpoint_problem(merged, 2) is None
+    assert "rank 2 never finished" in checkpoint_problem(merged, 3)
+
+    optim = merged / "engine" / "optim_1.pt"
+    data = optim.read_bytes()
+    optim.write_bytes(data[:100])
+    assert "engine/optim_1.pt has 100 bytes, its manifest says 4096" in checkpoint_problem(merged, 2)
+    optim.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert "does not match its sha256" in checkpoint_problem(merged, 2)
+    optim.write_bytes(data)
+    (merged / manifest_file(0)).unlink()
+    assert "MANIFEST.rank_0.json is missing" in checkpoint_problem(merged, 2)
+
+
+@pytest.mark.slow
+def test_corrupt_latest_checkpoint_falls_back_to_the_one_before(reference, tmp_path, capfd):
+    train.run(trial_cfg(tmp_path, "learner.steps=4"))  # checkpoints after steps 2 and 4
+    checkpoints = sorted((tmp_path / "ead").glob("checkpoint_*"))
+    assert len(checkpoints) == 2
+    latest_optimizer = max((checkpoints[-1] / "engine").rglob("*optim_states.pt"))
+    latest_optimizer.write_bytes(latest_optimizer.read_bytes()[:1000])  # a torn write
+
+    train.run(trial_cfg(tmp_path), resume=True)  # on to step 5
+    assert f"checkpoint {checkpoints[-1]} is unusable" in capfd.readouterr().out
+    assert history(tmp_path) == reference
+    faults = fault_metrics(tmp_path)
+    assert faults["faults/resumed_from_step"] == [2] and faults["faults/redone_steps"] == [2]
+
+
+@pytest.mark.slow
+def test_learner_worker_killed_mid_trial(reference, tmp_path):
+    watcher = when_step(tmp_path, 3, lambda: sigkill_actor("RayTrainWorker"))
+    final = train.run(trial_cfg(tmp_path))
+    watcher.join()
+    assert final["progress/step"] == 5
+    assert history(tmp_path) == reference
+    faults = fault_metrics(tmp_path)
+    assert faults["faults/resumed_from_step"] and max(faults["faults/redone_steps"]) <= EVERY
+
+
+@pytest.mark.slow
+def test_rollout_service_killed_mid_trial(reference, tmp_path):
+    from ray.util.state import list_actors
+
+    watcher = when_step(tmp_path, 3, lambda: sigkill_actor("RolloutService"))
+    final = train.run(trial_cfg(tmp_path))
+    watcher.join()
+    assert final["progress/step"] == 5
+    assert history(tmp_path) == reference
+    assert "faults/resumed_from_step" not in fault_metrics(tmp_path)  # recovered in place: nothing redone
+    restarted = list_actors(filters=[("class_name", "=", "RolloutService")], detail=True)
+    assert any(a.num_restarts >= 1 for a in restarted)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_at_the_step_boundary_and_resume_loses_nothing(reference, ray_cluster, tmp_path):
+    command = [sys.executable, "-m", "orchestrator.train", "search_spaces/ead.yaml", "--set", f"storage={tmp_path}",
+               *[arg for o in TRIAL for arg in ("--set", o)]]
+    driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    when_step(tmp_path, 3, lambda: driver.send_signal(signal.SIGTERM))
+    out, _ = driver.communicate(timeout=600)
+    assert driver.returncode == STOPPED_EXIT_CODE, out[-3000:]
+    assert "with --resume to continue" in out
+    stopped_at = logged_step(tmp_path)
+    assert 3 <= stopped_at < 5
+    (run,) = runs(tmp_path)
+    assert run.data.tags["state"] == "stopped"
+
+    train.run(trial_cfg(tmp_path), resume=True)
+    assert history(tmp_path) == reference
+    assert fault_metrics(tmp_path)["faults/redone_steps"] == [0]  # the stop checkpoint was the last step
+    (run,) = runs(tmp_path)
+    assert run.data.tags["state"] == "finished" and run.data.tags["resumes"] == "1"
+
+
+SWEEP = """
+search:
+  metric: val/accuracy
+  mode: max
+  num_samples: 3
+  max_concurrent_trials: 1
+  seed: 0
+  scheduler: {name: none}
+  points_to_evaluate: [{rollout.decoding.ead.tau_max: 1.0}, {rollout.decoding.ead.tau_max: 1.2}]
+  space:
+    rollout.decoding.ead.tau_max: {uniform: [0.8, 1.6]}
+"""
+
+
+@pytest.mark.slow
+def test_sweep_driver_killed_then_resumed(reference, ray_cluster, tmp_path):
+    base = yaml.safe_load(open("search_spaces/ead.yaml"))
+    base.pop("search")
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump(base) + textwrap.dedent(SWEEP))
+    command = [sys.executable, "-m", "orchestrator.sweep", str(spec), "--name", "s", "--storage", str(tmp_path),
+               *[arg for o in TRIAL for arg in ("--set", o)]]
+    driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    # The second trial (the reference's settings) is past its first checkpoint: kill the driver.
+    when(lambda: logged_steps(tmp_path)[1:2] >= [3], lambda: driver.send_signal(signal.SIGKILL))
+    out, _ = driver.communicate(timeout=900)
+    assert driver.returncode == -signal.SIGKILL, out[-3000:]
+    assert logged_steps(tmp_path)[0] == 5 and 3 <= logged_steps(tmp_path)[1] < 5
+
+    resumed = subprocess.run([*command, "--resume"], env=driver_env(ray_cluster), capture_output=True, text=True,
+                             timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+
+    # One MLflow run per trial and for the sweep; every trial finished, each step logged once.
+    (parent,) = runs(tmp_path, "sweep")
+    trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)}
+    assert len(trials) == 3 and parent.data.tags["state"] == "finished"
+    for run in trials.values():
+        assert run.data.tags["state"] == "finished"
+        assert [s for s, _ in history(tmp_path, run)["progress/step"]] == [1, 2, 3, 4, 5]
+    killed = trials["1.2"]
+    assert history(tmp_path, killed) == reference
+    faults = fault_metrics(tmp_path, killed)
+    assert faults["faults/resumed_from_step"] and max(faults["faults/redone_steps"]) <= EVERY
+
+    # The Optuna study went on: three trials, the restored searcher's own third proposal, no
+    # point_to_evaluate proposed twice.
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'optuna.db'}")
+    assert [t.number for t in study.trials] == [0, 1, 2]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    proposed = [t.params["rollout.decoding.ead.tau_max"] for t in study.trials]
+    assert proposed[:2] == [1.0, 1.2] and proposed[2] not in (1.0, 1.2)

@@ -1,0 +1,79 @@
+"""What a trial checkpoint holds beyond the DeepSpeed engine, and how a resume trusts one.
+
+Layout of one checkpoint folder (the per-rank folders merged by Ray Train):
+
+    engine/...                 DeepSpeed: model, optimizer and scheduler states of every rank
+    rank_<r>.pt                rank r's RL step and its python / numpy / torch RNG states
+    trial_state.json           rank 0: step, validation history, base-policy validation, metrics
+    MANIFEST.rank_<r>.json     written last by rank r: size and sha256 of each file it wrote
+
+A checkpoint is complete when every rank's manifest is there and every listed file matches it; a
+missing manifest is a save that never finished, a mismatch is corruption. The data position, the
+sampling seeds and the offline-replacement RNG are pure functions of the RL step, so the step
+restores them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TRIAL_STATE = "trial_state.json"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank}.pt"
+
+
+def manifest_file(rank: int) -> str:
+    return f"MANIFEST.rank_{rank}.json"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(folder: str | Path, rank: int) -> None:
+    """Seal rank `rank`'s part of a checkpoint: every file now in `folder`, with size and sha256."""
+    folder = Path(folder)
+    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST.")}
+    (folder / manifest_file(rank)).write_text(json.dumps({"rank": rank, "files": files}, indent=1))
+
+
+def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:
+    """Why the checkpoint in `folder` cannot be restored, or None when it is complete and intact."""
+    folder = Path(folder)
+    for rank in range(world_size):
+        manifest = folder / manifest_file(rank)
+        if not manifest.is_file():
+            return f"{manifest.name} is missing (rank {rank} never finished saving)"
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError) as e:
+            return f"{manifest.name} is unreadable ({e})"
+        for name, expected in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != expected["size"]:
+                return f"{name} has {path.stat().st_size} bytes, its manifest says {expected['size']}"
+            if _sha256(path) != expected["sha256"]:
+                return f"{name} does not match its sha256"
+    return None
