@@ -269,7 +269,7 @@ def stop_when_checkpointed(stop: StopRequest, tracker: Tracker, parent: str | No
         tracker.finish(parent, "stopped")
         console.print(f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
                       f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
-                      f"with --resume to continue", highlight=False)
+                      f"with --resume to continue", highlight=False, soft_wrap=True)
         sys.stdout.flush()
         os._exit(STOPPED_EXIT_CODE)  # the trials hold their slots until the driver (and its job) goes
 

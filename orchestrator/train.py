@@ -211,7 +211,7 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     console.print(f"checkpoint: {result.checkpoint.path if result.checkpoint else '-'}")
     if state == "stopped":
         console.print(f"[yellow]stopped[/yellow] after step {done} with a checkpoint: rerun the same command "
-                      f"with --resume to continue")
+                      f"with --resume to continue", soft_wrap=True)
     console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
     return metrics
 

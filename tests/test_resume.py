@@ -8,6 +8,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -88,8 +89,16 @@ def when(ready, action) -> threading.Thread:
 
 
 def when_step(storage: Path, step: int, action) -> threading.Thread:
-    """Run `action()` as soon as the trial in `storage` has logged `step` RL steps."""
-    return when(lambda: logged_step(storage) >= step, action)
+    """Run `action()` as soon as the trial in `storage` has logged `step` RL steps and Ray Train has
+    committed a checkpoint (it does so at its next poll of the workers, within ~2 s of the save)."""
+    return when(lambda: logged_step(storage) >= step and committed(storage) >= [1], action)
+
+
+def committed(storage: Path) -> list[int]:
+    """Checkpoints committed by each Train run under `storage`, in descending order."""
+    counts = [len(json.loads(p.read_text())["checkpoint_results"])
+              for p in storage.rglob("checkpoint_manager_snapshot.json")]
+    return sorted(counts, reverse=True)
 
 
 def sigkill_actor(class_name: str) -> None:
@@ -138,7 +147,7 @@ def test_manifest_finds_missing_truncated_and_altered_parts(tmp_path):
 @pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_to_the_one_before(reference, tmp_path, capfd):
     train.run(trial_cfg(tmp_path, "learner.steps=4"))  # checkpoints after steps 2 and 4
-    checkpoints = sorted((tmp_path / "ead").glob("checkpoint_*"))
+    checkpoints = sorted(p for p in (tmp_path / "ead").glob("checkpoint_*") if p.is_dir())
     assert len(checkpoints) == 2
     latest_optimizer = max((checkpoints[-1] / "engine").rglob("*optim_states.pt"))
     latest_optimizer.write_bytes(latest_optimizer.read_bytes()[:1000])  # a torn write
@@ -222,7 +231,8 @@ def test_sweep_driver_killed_then_resumed(reference, ray_cluster, tmp_path):
     driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     # The second trial (the reference's settings) is past its first checkpoint: kill the driver.
-    when(lambda: logged_steps(tmp_path)[1:2] >= [3], lambda: driver.send_signal(signal.SIGKILL))
+    when(lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1],
+         lambda: driver.send_signal(signal.SIGKILL))
     out, _ = driver.communicate(timeout=900)
     assert driver.returncode == -signal.SIGKILL, out[-3000:]
     assert logged_steps(tmp_path)[0] == 5 and 3 <= logged_steps(tmp_path)[1] < 5
