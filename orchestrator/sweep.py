@@ -335,4 +335,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module, not this `__main__` copy: Tune pickles the callbacks with the sweep,
+    # and a class from `__main__` would be pickled by value, cut off from this module's `RUNNING`.
+    from orchestrator.sweep import main as sweep_main
+
+    sys.exit(sweep_main())

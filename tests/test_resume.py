@@ -185,6 +185,15 @@ def test_rollout_service_killed_mid_trial(reference, tmp_path):
 
 
 @pytest.mark.slow
+def test_deadline_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tiny_model_path, tmp_path):
+    final = train.run(trial_cfg(tmp_path, "checkpoint.save_by=2000-01-01T00:00:00"))  # long past
+    assert final["progress/preempted"] == 1 and final["progress/step"] == 1  # the first boundary
+    assert committed(tmp_path) == [1]
+    (run,) = runs(tmp_path)
+    assert run.data.tags["state"] == "stopped"
+
+
+@pytest.mark.slow
 def test_sigterm_checkpoints_at_the_step_boundary_and_resume_loses_nothing(reference, ray_cluster, tmp_path):
     command = [sys.executable, "-m", "orchestrator.train", "search_spaces/ead.yaml", "--set", f"storage={tmp_path}",
                *[arg for o in TRIAL for arg in ("--set", o)]]
@@ -221,7 +230,7 @@ search:
 
 
 @pytest.mark.slow
-def test_sweep_driver_killed_then_resumed(reference, ray_cluster, tmp_path):
+def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp_path):
     base = yaml.safe_load(open("search_spaces/ead.yaml"))
     base.pop("search")
     spec = tmp_path / "sweep.yaml"
@@ -237,6 +246,14 @@ def test_sweep_driver_killed_then_resumed(reference, ray_cluster, tmp_path):
     assert driver.returncode == -signal.SIGKILL, out[-3000:]
     assert logged_steps(tmp_path)[0] == 5 and 3 <= logged_steps(tmp_path)[1] < 5
 
+    # Resumed; then SIGTERM (the spot notice) while the third trial runs: it checkpoints, the driver
+    # exits with 75, and a second resume finishes the sweep.
+    driver = subprocess.Popen([*command, "--resume"], env=driver_env(ray_cluster), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    when(lambda: logged_steps(tmp_path)[2:3] >= [2], lambda: driver.send_signal(signal.SIGTERM))
+    out, _ = driver.communicate(timeout=900)
+    assert driver.returncode == STOPPED_EXIT_CODE, out[-3000:]
+    assert "1 trials checkpointed" in out
     resumed = subprocess.run([*command, "--resume"], env=driver_env(ray_cluster), capture_output=True, text=True,
                              timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -252,6 +269,8 @@ def test_sweep_driver_killed_then_resumed(reference, ray_cluster, tmp_path):
     assert history(tmp_path, killed) == reference
     faults = fault_metrics(tmp_path, killed)
     assert faults["faults/resumed_from_step"] and max(faults["faults/redone_steps"]) <= EVERY
+    (stopped,) = [run for tau, run in trials.items() if tau not in ("1.0", "1.2")]
+    assert fault_metrics(tmp_path, stopped)["faults/redone_steps"] == [0]
 
     # The Optuna study went on: three trials, the restored searcher's own third proposal, no
     # point_to_evaluate proposed twice.

@@ -486,9 +486,20 @@ class Trial:
         self.logger.log_file("validation_curve.png", png)
 
 
+def quiet_report_log() -> None:
+    """Ray Train 2.60 logs every report's full metrics at INFO from a logger named by its file path,
+    out of reach of `LoggingConfig`; the trial prints its own one-line progress instead."""
+    import logging
+
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
     cfg = TrialConfig.model_validate(config["trial"])
+    quiet_report_log()
     Trial(cfg, config["model_path"], config["rollout_service"], config["verifier"], config.get("tracking", {}),
           store=config.get("offline_store"), embedder=config.get("embedding_service"),
           stop_file=config.get("stop_file")).run()
