@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from trainables.config import (
+    METRIC_NAMESPACES,
     AlgorithmConfig,
     CheckpointConfig,
     DecodingConfig,
@@ -141,7 +142,7 @@ def load_trial_spec(path: str | Path, overrides: list[str] | None = None) -> Tri
 
 
 # -- the sweep's `search:` section -------------------------------------------------------------------
-OBJECTIVE_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")
+OBJECTIVE_NAMESPACES = METRIC_NAMESPACES
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "value")
 
 

@@ -222,7 +222,12 @@ def run(spec: str, args) -> int:
     check_resumable(sweep_uri, name, args.resume)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     resolve_model_path(base_cfg.model.path, base_cfg.model.tiny, base_cfg.cache_dir)  # build once, here
-    uri = args.tracking_uri or base_cfg.logging.tracking_uri or default_tracking_uri(storage)
+    uri = args.tracking_uri or base_cfg.logging.tracking_uri
+    if uri is None and "://" in storage:
+        raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
+                        f"http://HOST:5000 (the default sqlite store is a local file)")
+    uri = uri or default_tracking_uri(storage)
+    base = apply_overrides(base, {"logging.tracking_uri": uri})  # every trial records where the sweep does
     tracker = Tracker(uri, base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=search.model_dump(mode="json"),
                                      resume=args.resume)

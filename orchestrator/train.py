@@ -95,7 +95,8 @@ def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
 
     offline = {key: [t.text for t in store.for_prompt(key)] for key in sorted(store.prompts)}
     cache = str(Path(cfg.cache_dir).expanduser().resolve() / "embeddings")
-    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=0,
+    # Restartable like the verifier: a new process reloads the encoder and the cached offline embeddings.
+    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=-1, max_task_retries=-1,
                                                  scheduling_strategy="DEFAULT")  # as the rollout service
     return actor.remote(cfg.encoder.model, long_text=cfg.encoder.long_text, cache_dir=cache,
                         batch_size=cfg.encoder.batch_size, offline=offline,

@@ -38,6 +38,9 @@ def test_shipped_spec_is_valid():
         ("task: {levels: [9]}\n", "task", "levels must be a non-empty list"),
         ("learner: {num_workers: 3, prompts_per_step: 8}\n", "learner.prompts_per_step", "divisible"),
         ("validation: {num_prompts: 500}\n", "validation.num_prompts", "task.val_size"),
+        ("checkpoint: {keep_best_by: accuracy}\n", "checkpoint", "'accuracy' is not a trial metric"),
+        ("checkpoint: {save_by: soon}\n", "checkpoint.save_by", "datetime"),
+        ("storage: s3://bucket/runs\n", "logging.tracking_uri", "is needed with a storage URI"),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):

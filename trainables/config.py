@@ -18,6 +18,7 @@ from trainables.losses import AGGREGATIONS
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
+METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
 
 
 class Section(BaseModel):
@@ -215,6 +216,13 @@ class CheckpointConfig(Section):
         None, description="Wall-clock deadline (ISO 8601; local time unless it has an offset): the trial "
         "checkpoints at the last step boundary it can finish before it, and stops for a --resume.")
 
+    @model_validator(mode="after")
+    def _known_metric(self) -> CheckpointConfig:
+        if self.keep_best_by and not self.keep_best_by.startswith(METRIC_NAMESPACES):
+            raise ValueError(f"keep_best_by {self.keep_best_by!r} is not a trial metric (namespaces "
+                             f"{', '.join(METRIC_NAMESPACES)})")
+        return self
+
 
 class LoggingConfig(Section):
     report_every: PositiveInt = Field(
@@ -265,6 +273,9 @@ class TrialConfig(Section):
                 f"algorithm.replacement_density ({self.algorithm.replacement_density}) must be < "
                 f"rollout.group_size ({self.rollout.group_size}): at least one online member stays"
             )
+        if "://" in self.storage and not self.logging.tracking_uri:
+            raise ValueError(f"logging.tracking_uri is needed with a storage URI ({self.storage}): an MLflow "
+                             f"server such as http://HOST:5000 (the default sqlite store is a local file)")
         if self.validation.num_prompts > self.task.val_size:
             raise ValueError(
                 f"validation.num_prompts ({self.validation.num_prompts}) must be <= task.val_size "
