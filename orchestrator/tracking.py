@@ -92,11 +92,8 @@ class Tracker:
     def _start_trial_run(self, cfg: TrialConfig, parent_run_id: str | None, tags: dict[str, str],
                          resume: bool) -> str:
         run_path = f"{cfg.storage.rstrip('/')}/{cfg.name}"  # where Ray Train keeps the run: its identity
-        if resume:
-            found = self.client.search_runs([self.experiment_id], f"tags.run_path = '{run_path}'",
-                                            order_by=["attributes.start_time DESC"], max_results=1)
-            if found:
-                return self._reopen(found[0].info.run_id)
+        if resume and (found := self._find_trial_run(run_path)):
+            return self._reopen(found)
         all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running",
                     "run_path": run_path, **tags}
         if parent_run_id:
@@ -106,6 +103,32 @@ class Tracker:
         self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
         self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
                              "spec.yaml")
+        return run_id
+
+    def find_trial_run(self, run_path: str) -> str | None:
+        """The id of the run recording the Train run at `run_path` (<storage>/<name>), if any."""
+        return self._retried("finding the trial run", self._find_trial_run, run_path)
+
+    def _find_trial_run(self, run_path: str) -> str | None:
+        found = self.client.search_runs([self.experiment_id], f"tags.run_path = '{run_path}'",
+                                        order_by=["attributes.start_time DESC"], max_results=1)
+        return found[0].info.run_id if found else None
+
+    def log_evaluation(self, name: str, *, params: dict[str, Any], metrics: dict[str, float], artifact: Path,
+                       parent_run_id: str | None = None) -> str | None:
+        """A finished evaluation run (nested under a trial's run when given): its table and results file."""
+        return self._retried("logging the evaluation", self._log_evaluation, name, params, metrics, artifact,
+                             parent_run_id)
+
+    def _log_evaluation(self, name, params, metrics, artifact, parent_run_id) -> str:
+        tags = {"kind": "evaluation", "git_commit": git_commit()}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+        self.log_params(run_id, params)
+        self.log_metrics(run_id, metrics)
+        self.client.log_artifact(run_id, str(artifact))
+        self._finish(run_id, "finished")
         return run_id
 
     def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any],

@@ -27,7 +27,7 @@ from orchestrator import train
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import default_tracking_uri
-from trainables.checkpoint import checkpoint_problem, manifest_file, write_manifest
+from trainables.checkpoint import checkpoint_problem, manifest_file, saved_world_size, write_manifest
 
 EVERY = 2
 TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16"]
@@ -126,11 +126,11 @@ def test_manifest_finds_missing_truncated_and_altered_parts(tmp_path):
         (part / "engine").mkdir(parents=True)
         (part / "engine" / f"optim_{rank}.pt").write_bytes(os.urandom(4096))
         (part / f"rank_{rank}.pt").write_bytes(b"state")
-        write_manifest(part, rank)
+        write_manifest(part, rank, 2)
     merged = tmp_path / "merged"
     for rank in (0, 1):  # what Ray Train does with the ranks' folders
         subprocess.run(["cp", "-r", f"{tmp_path / f'part{rank}'}/.", str(merged)], check=True)
-    assert checkpoint_problem(merged, 2) is None
+    assert checkpoint_problem(merged, 2) is None and saved_world_size(merged) == 2
     assert "rank 2 never finished" in checkpoint_problem(merged, 3)
 
     optim = merged / "engine" / "optim_1.pt"

@@ -49,12 +49,21 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_manifest(folder: str | Path, rank: int) -> None:
+def write_manifest(folder: str | Path, rank: int, world_size: int) -> None:
     """Seal rank `rank`'s part of a checkpoint: every file now in `folder`, with size and sha256."""
     folder = Path(folder)
     files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
              for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST.")}
-    (folder / manifest_file(rank)).write_text(json.dumps({"rank": rank, "files": files}, indent=1))
+    manifest = {"rank": rank, "world_size": world_size, "files": files}
+    (folder / manifest_file(rank)).write_text(json.dumps(manifest, indent=1))
+
+
+def saved_world_size(folder: str | Path) -> int | None:
+    """How many learner ranks saved the checkpoint (None when rank 0's manifest is unreadable)."""
+    try:
+        return int(json.loads((Path(folder) / manifest_file(0)).read_text())["world_size"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:

@@ -27,14 +27,15 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+import pyarrow.fs
 import ray
 import torch
 import torch.distributed as dist
 
 from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
-from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, rng_state, set_rng_state,
-                                   write_manifest)
+from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, rng_state, saved_world_size,
+                                   set_rng_state, write_manifest)
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.tasks import encode_prompt, load_task
@@ -121,6 +122,7 @@ class Trial:
         seed_everything(cfg.seed + self.rank)
         self.train_set, self.val_set = load_task(cfg.task, cfg.seed)
         self.val_set = self.val_set[: cfg.validation.num_prompts]
+        self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
         self.learner = Learner(model_path, cfg, world_size=self.world)
         from transformers import AutoTokenizer
 
@@ -192,8 +194,9 @@ class Trial:
                 return rollouts
             if self.rank == 0:
                 self.service_losses += 1
-                print(f"[trial {self.cfg.name}] rollout service lost ({type(error).__name__ if error else 'on another rank'}); "
-                      f"re-syncing weights version {self.weight_version} and retrying", flush=True)
+                cause = type(error).__name__ if error else "on another rank"
+                print(f"[trial {self.cfg.name}] rollout service lost ({cause}); re-syncing weights version "
+                      f"{self.weight_version} and retrying", flush=True)
             self.sync_weights()
         raise RuntimeError(f"rollout service lost {SERVICE_RETRIES + 1} times in one call: {error}")
 
@@ -338,9 +341,9 @@ class Trial:
                 torch.save({"step": step, "rng": rng_state()}, Path(folder) / rank_file(self.rank))
                 if self.rank == 0:
                     (Path(folder) / TRIAL_STATE).write_text(json.dumps({
-                        "step": step, "world_size": self.world, "base_val": self.base_val,
-                        "val_history": self.val_history, "metrics": metrics}))
-                write_manifest(folder, self.rank)
+                        "step": step, "base_val": self.base_val, "val_history": self.val_history, "metrics": metrics,
+                        "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}))
+                write_manifest(folder, self.rank, self.world)
             except OSError as e:
                 raise CheckpointError(f"checkpoint: cannot write step {step + 1} in {folder}: {e}") from e
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
@@ -351,30 +354,33 @@ class Trial:
         latest = ray.train.get_checkpoint()
         if latest is None:
             return
-        for folder in self.checkpoints_to_try(latest):
-            with folder.as_directory() as local:
-                problem = checkpoint_problem(local, self.world)
-                state = None if problem else json.loads((Path(local) / TRIAL_STATE).read_text())
-                if state and state["world_size"] != self.world:
+        for checkpoint in self.checkpoints_to_try(latest):
+            with checkpoint.as_directory() as folder:
+                saved_world = saved_world_size(folder)
+                if saved_world not in (None, self.world):
                     raise CheckpointError(
-                        f"checkpoint: {folder.path} was saved by {state['world_size']} learner ranks; resume "
-                        f"with learner.num_workers={state['world_size']} (this run has {self.world})")
-                if problem:
+                        f"checkpoint: {checkpoint.path} was saved by {saved_world} learner ranks; resume with "
+                        f"learner.num_workers={saved_world} (this run has {self.world})")
+                problem = checkpoint_problem(folder, self.world)
+                if problem is None:
+                    self.load_checkpoint(folder)
                     if self.rank == 0:
-                        print(f"[trial {self.cfg.name}] checkpoint {folder.path} is unusable: {problem}; "
-                              f"trying the one before it", flush=True)
-                    continue
-                self.learner.load(local)
-                rank_state = torch.load(Path(local) / rank_file(self.rank), weights_only=False)
-            set_rng_state(rank_state["rng"])
-            self.start_step = state["step"] + 1
-            self.base_val = state["base_val"]
-            self.val_history = [(int(done), val) for done, val in state["val_history"]]
+                        print(f"[trial {self.cfg.name}] resumed after step {self.start_step} from "
+                              f"{checkpoint.path}", flush=True)
+                    return
             if self.rank == 0:
-                print(f"[trial {self.cfg.name}] resumed after step {self.start_step} from {folder.path}", flush=True)
-            return
+                print(f"[trial {self.cfg.name}] checkpoint {checkpoint.path} is unusable: {problem}; "
+                      f"trying the one before it", flush=True)
         raise CheckpointError(f"checkpoint: no intact checkpoint to resume {self.cfg.name} from "
                               f"(latest: {latest.path})")
+
+    def load_checkpoint(self, folder: str) -> None:
+        state = json.loads((Path(folder) / TRIAL_STATE).read_text())
+        self.learner.load(folder)
+        set_rng_state(torch.load(Path(folder) / rank_file(self.rank), weights_only=False)["rng"])
+        self.start_step = state["step"] + 1
+        self.base_val = state["base_val"]
+        self.val_history = [(int(done), val) for done, val in state["val_history"]]
 
     def checkpoints_to_try(self, latest):
         """The latest checkpoint, then the older committed ones, newest first (fetched only if needed)."""
@@ -391,8 +397,6 @@ class Trial:
         stop = False
         if self.rank == 0:
             if self.stop_file:
-                import pyarrow.fs
-
                 fs, path = pyarrow.fs.FileSystem.from_uri(self.stop_file)
                 stop = fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
             deadline = self.cfg.checkpoint.save_by
@@ -431,15 +435,15 @@ class Trial:
             stop = not last and self.stop_requested()
             # Every report carries the latest validation, so Tune's schedulers always see the objective.
             reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
-            start = time.perf_counter()
+            start, saved = time.perf_counter(), {}
             if last or stop or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 self.save_checkpoint(step, reported)
-                self.log(step, {"timing/checkpoint": self.save_seconds})
+                saved = {"timing/checkpoint": self.save_seconds}
             elif (step + 1) % cfg.logging.report_every == 0 or validated:
                 ray.train.report(reported)
             else:
                 continue
-            self.log(step, {"timing/report": time.perf_counter() - start})  # a barrier of all ranks
+            self.log(step, {**saved, "timing/report": time.perf_counter() - start})  # a barrier of all ranks
             if stop:
                 if self.rank == 0:
                     print(f"[trial {cfg.name}] stopped after step {step + 1} with a checkpoint; "

@@ -1,0 +1,262 @@
+"""python -m orchestrator.evaluate MODEL_OR_TRIAL --benchmarks NAME[=FILE],... [--samples K]
+[--temperature T | --ead TAU_MAX,TAU_MIN,D | --temperatures START:STOP:STEP] [--spec SPEC]
+[--max-new-tokens N] [--limit N] [--seed S] [--out RESULTS.json] [--tracking-uri URI]
+
+Evaluates a policy the way the papers report it: K samples per problem from the rollout service
+(the engine trials train with), correctness decided by math-verify (math) or the option letter
+(multiple choice), and per benchmark avg@K, pass@k (k = 1, 2, 4, ..., K), maj@K and worst@K, with
+their macro average over benchmarks. MODEL_OR_TRIAL is a Hugging Face model folder, or a trial's
+folder (<storage>/<name>) whose latest intact checkpoint is exported to a model folder first; a
+trial's evaluation is an MLflow run nested under the trial's own. Benchmarks are local files in their
+public layouts (trainables/data/benchmarks.py); `arithmetic` is the built-in validation split.
+`--ead` decodes with the annealed schedule at a fixed decay d (EAD at inference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from orchestrator.spec import SpecError, load_trial_spec
+from orchestrator.tracking import Tracker, default_tracking_uri
+from trainables.checkpoint import checkpoint_problem, saved_world_size
+from trainables.config import EADConfig, TrialConfig
+from trainables.data.benchmarks import (BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem,
+                                        builtin_validation, load_benchmark)
+from trainables.data.tasks import encode_prompt
+from trainables.evaluation import answers_equal, extract_answer, macro_average, summarize
+from trainables.rewards.verify import verify_response
+from trainables.rollout.types import SamplingSpec
+
+console = Console()
+PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    label: str  # "T0.6", "ead-1.2-0.1-25": the prefix of its metrics
+    schedule: str
+    params: dict[str, float]
+
+
+def decodings(args) -> list[Decoding]:
+    """The decoding modes asked for: one fixed temperature, EAD, or a range of temperatures."""
+    if args.ead:
+        try:
+            tau_max, tau_min, d = (float(x) for x in args.ead.split(","))
+            ead = EADConfig(tau_max=tau_max, tau_min=tau_min, d0=d)
+        except ValueError as e:
+            raise SpecError(f"--ead: expected TAU_MAX,TAU_MIN,D with 0 < TAU_MIN <= TAU_MAX and D > 0 "
+                            f"(got {args.ead!r}: {str(e).splitlines()[0]})") from None
+        return [Decoding(f"ead-{tau_max:g}-{tau_min:g}-{d:g}", "ead", ead.model_dump())]
+    if args.temperatures:
+        try:
+            start, stop, step = (float(x) for x in args.temperatures.split(":"))
+            assert 0 < start <= stop and step > 0
+        except (ValueError, AssertionError):
+            raise SpecError(f"--temperatures: expected START:STOP:STEP with 0 < START <= STOP and STEP > 0 "
+                            f"(got {args.temperatures!r})") from None
+        temps = np.round(np.arange(start, stop + step / 2, step), 6)
+        return [Decoding(f"T{t:g}", "fixed", {"temperature": float(t)}) for t in temps]
+    if args.temperature <= 0:
+        raise SpecError(f"--temperature must be > 0 (got {args.temperature})")
+    return [Decoding(f"T{args.temperature:g}", "fixed", {"temperature": args.temperature})]
+
+
+def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str, list[BenchmarkProblem]]:
+    """"aime24=/data/aime24.parquet,arithmetic" -> {name: problems}; skipped rows are printed."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, path = item.partition("=")
+        if name == BUILTIN:
+            out[name] = builtin_validation(cfg.task, cfg.seed)[:limit]
+            continue
+        if name not in BENCHMARK_NAMES:
+            raise SpecError(f"--benchmarks: unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
+        if not path:
+            raise SpecError(f"--benchmarks: {name} needs its file, as {name}=PATH")
+        try:
+            problems, skipped = load_benchmark(name, path, limit=limit, seed=cfg.seed)
+        except BenchmarkError as e:
+            raise SpecError(f"--benchmarks: {e}") from None
+        if skipped:
+            console.print(f"{name}: skipped {sum(skipped.values())} rows ({dict(skipped)})")
+        out[name] = problems
+    if not out:
+        raise SpecError("--benchmarks: name at least one benchmark, e.g. arithmetic or math500=FILE")
+    return out
+
+
+def resolve_policy(target: Path) -> tuple[Path, dict | None]:
+    """(model folder, the trial's spec or None) for a model folder or a trial folder."""
+    if (target / "config.json").is_file():
+        return target, None
+    snapshot = target / "checkpoint_manager_snapshot.json"
+    if not snapshot.is_file():
+        raise SpecError(f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json) nor "
+                        f"a trial folder (checkpoint_manager_snapshot.json)")
+    from trainables.export import export_policy
+
+    state = json.loads(snapshot.read_text())
+    names = [r["checkpoint_dir_name"] for r in state["checkpoint_results"]]
+    latest = (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+    for name in sorted(names, key=lambda n: (n == latest, n), reverse=True):  # the latest first
+        folder = target / name
+        problem = checkpoint_problem(folder, saved_world_size(folder) or 1)
+        if problem is None:
+            exported = target / "export" / name
+            if not (exported / "config.json").is_file():
+                console.print(f"exporting {folder} -> {exported}")
+                export_policy(folder, exported)
+            spec = json.loads((folder / "trial_state.json").read_text())["trial"]
+            return exported, spec
+        console.print(f"[yellow]checkpoint {folder} is unusable:[/yellow] {problem}; trying the one before it")
+    raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")
+
+
+def score(problem: BenchmarkProblem, texts: list[str]) -> tuple[list[bool], list[str | None]]:
+    """Correctness and extracted answer of each sample of one problem."""
+    answers = [extract_answer(t) for t in texts]
+    if problem.choices:  # multiple choice: the boxed letter, in the same think-then-box format
+        return [a is not None and answers_equal(problem.answer, a) for a in answers], answers
+    return [verify_response(t, problem.answer).reward == 1.0 for t in texts], answers
+
+
+def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Decoding, *, samples: int,
+             max_new_tokens: int, seed: int, progress: Progress, title: str) -> tuple[dict[str, float], list[dict]]:
+    """One benchmark under one decoding: its summary row and per-problem results."""
+    import ray
+
+    rows, task = [], progress.add_task(title, total=len(problems))
+    for start in range(0, len(problems), PROMPTS_PER_CALL):
+        chunk = problems[start : start + PROMPTS_PER_CALL]
+        spec = SamplingSpec(schedule=decoding.schedule, params=decoding.params, max_new_tokens=max_new_tokens,
+                            step=0, seed=seed * 1_000_003 + start)
+        batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p) for p in chunk], samples, spec))
+        for i, problem in enumerate(chunk):
+            texts = batch.texts[i * samples : (i + 1) * samples]
+            correct, answers = score(problem, texts)
+            rows.append({"uid": problem.uid, "question": problem.question, "gold": problem.answer,
+                         "answers": answers, "correct": correct, "responses": texts})
+        progress.advance(task, len(chunk))
+    summary = summarize([r["correct"] for r in rows], [r["answers"] for r in rows], [r["gold"] for r in rows])
+    return summary, rows
+
+
+def results_table(results: dict[str, dict[str, dict[str, float]]]) -> Table:
+    columns = list(next(iter(next(iter(results.values())).values())))
+    table = Table(title="evaluation")
+    for column in ("decoding", "benchmark", *columns):
+        table.add_column(column, justify="right")
+    for label, per_benchmark in results.items():
+        for bench, row in per_benchmark.items():
+            table.add_row(label, bench, *(f"{row[c]:.4f}" for c in columns))
+    return table
+
+
+def run(args) -> dict:
+    start = time.perf_counter()
+    modes = decodings(args)
+    target = Path(args.model_or_trial).expanduser().resolve()
+    model_path, trial_spec = resolve_policy(target)
+    if args.spec:
+        cfg = load_trial_spec(args.spec)
+    else:
+        cfg = TrialConfig.model_validate(trial_spec) if trial_spec else TrialConfig()
+    benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
+    max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
+
+    import ray
+    from transformers import AutoTokenizer
+
+    from orchestrator.train import init_ray
+    from trainables.rollout.service import start_rollout_service
+
+    init_ray(2)
+    service = start_rollout_service(cfg.rollout.backend, model_path, num_cpus=1)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    per_problem: dict[str, dict[str, list[dict]]] = {}
+    try:
+        with Progress(console=console, transient=True) as progress:
+            for mode in modes:
+                results[mode.label], per_problem[mode.label] = {}, {}
+                for name, problems in benchmarks.items():
+                    row, rows = evaluate(service, tokenizer, problems, mode, samples=args.samples,
+                                         max_new_tokens=max_new_tokens, seed=args.seed, progress=progress,
+                                         title=f"{mode.label} {name} ({len(problems)} problems x {args.samples})")
+                    results[mode.label][name], per_problem[mode.label][name] = row, rows
+                if len(benchmarks) > 1:
+                    keys = next(iter(results[mode.label].values()))
+                    results[mode.label]["macro"] = {k: macro_average({b: r[k] for b, r in results[mode.label].items()})
+                                                    for k in keys}
+    finally:
+        ray.kill(service)
+    console.print(results_table(results))
+    record = {"model": str(model_path), "target": str(target), "samples": args.samples, "seed": args.seed,
+              "max_new_tokens": max_new_tokens, "results": results, "problems": per_problem}
+    out = Path(args.out) if args.out else (target / "evaluation.json" if trial_spec else Path("evaluation.json"))
+    out.write_text(json.dumps(record, indent=1))
+    console.print(f"per-problem results: {out}")
+    log_run(args, target, trial_spec, results, out, record)
+    console.print(f"evaluated in {time.perf_counter() - start:.0f} s")
+    return results
+
+
+def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Path, record: dict) -> None:
+    """An MLflow run of the evaluation, nested under the trial's run when given a trial."""
+    logging = (trial_spec or {}).get("logging", {})
+    storage = str(target.parent) if trial_spec else "runs"  # a model folder: where trials record by default
+    uri = args.tracking_uri or logging.get("tracking_uri") or default_tracking_uri(storage)
+    tracker = Tracker(uri, logging.get("experiment", "rlvr-explore"))
+    parent = tracker.find_trial_run(str(target)) if trial_spec else None
+    # MLflow keys allow no "@": avg@8 is logged as avg_at_8.
+    metrics = {f"eval/{label}/{bench}/{key.replace('@', '_at_')}": value for label, per in results.items()
+               for bench, row in per.items() for key, value in row.items()}
+    params = {"model": record["model"], "benchmarks": args.benchmarks, "samples": args.samples,
+              "decodings": ",".join(results), "seed": args.seed, "max_new_tokens": record["max_new_tokens"]}
+    run_id = tracker.log_evaluation(f"eval-{target.name}", params=params, metrics=metrics, artifact=out,
+                                    parent_run_id=parent)
+    if run_id:
+        console.print(f"MLflow run {run_id} in {uri}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__.strip(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_or_trial", help="a Hugging Face model folder, or a trial folder <storage>/<name>")
+    parser.add_argument("--benchmarks", default=BUILTIN,
+                        help="comma-separated NAME=FILE (or arithmetic); names: " + ", ".join(BENCHMARK_NAMES))
+    parser.add_argument("--samples", type=int, default=8, help="samples per problem (K)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--temperature", type=float, default=0.6, help="fixed sampling temperature")
+    mode.add_argument("--ead", help="EAD at inference: TAU_MAX,TAU_MIN,D (e.g. 1.2,0.1,25)")
+    mode.add_argument("--temperatures", help="a range of fixed temperatures, START:STOP:STEP (e.g. 0.1:1.0:0.1)")
+    parser.add_argument("--spec", help="take the task (for arithmetic) and rollout settings from this spec")
+    parser.add_argument("--max-new-tokens", type=int, help="response cap (default: the spec's)")
+    parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the trial's store)")
+    args = parser.parse_args(argv)
+    try:
+        if args.samples < 1:
+            raise SpecError(f"--samples must be >= 1 (got {args.samples})")
+        run(args)
+    except (SpecError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

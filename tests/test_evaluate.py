@@ -1,0 +1,71 @@
+"""python -m orchestrator.evaluate: bad input at the edge, a model folder and a trained trial's
+checkpoint (exported to a Hugging Face folder) evaluated through the real rollout service."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator import evaluate, train
+from orchestrator.spec import load_trial_spec
+from orchestrator.tracking import default_tracking_uri
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--benchmarks", "aime26=x.parquet"], "unknown benchmark 'aime26'"),
+    (["--benchmarks", "math500"], "math500 needs its file"),
+    (["--benchmarks", "math500=/nonexistent/m.parquet"], "/nonexistent/m.parquet"),
+    (["--ead", "1.2,0.1"], "--ead: expected TAU_MAX,TAU_MIN,D"),
+    (["--ead", "0.1,1.2,25"], "--ead: expected"),
+    (["--temperatures", "1:0.1:0.1"], "--temperatures: expected START:STOP:STEP"),
+    (["--samples", "0"], "--samples must be >= 1"),
+])
+def test_bad_arguments_are_one_line(tiny_model_path, capsys, extra, expected):
+    assert evaluate.main([str(tiny_model_path), *extra]) == 2
+    out = capsys.readouterr().out
+    assert expected in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_not_a_model_or_trial(tmp_path, capsys):
+    assert evaluate.main([str(tmp_path)]) == 2
+    assert "neither a Hugging Face model folder" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_trained_trial_is_exported_and_evaluated(ray_cluster, tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = load_trial_spec("search_spaces/ead.yaml", [f"storage={tmp_path}", "learner.steps=2",
+                                                     "validation.every=0"])
+    train.run(cfg)
+    trial = tmp_path / "ead"
+    out = tmp_path / "eval.json"
+    assert evaluate.main([str(trial), "--benchmarks", "arithmetic", "--limit", "8", "--samples", "4",
+                          "--temperatures", "0.3:0.6:0.3", "--out", str(out)]) == 0
+
+    record = json.loads(out.read_text())
+    assert set(record["results"]) == {"T0.3", "T0.6"}
+    row = record["results"]["T0.6"]["arithmetic"]
+    assert set(row) == {"avg@4", "pass@1", "pass@2", "pass@4", "maj@4", "worst@4"}
+    assert 0 <= row["worst@4"] <= row["avg@4"] <= row["pass@4"] <= 1 and row["avg@4"] == row["pass@1"]
+    problems = record["problems"]["T0.6"]["arithmetic"]
+    assert len(problems) == 8 and all(len(p["responses"]) == 4 for p in problems)
+
+    # The export is a model folder transformers loads and generates with.
+    exported = trial / "export"
+    (folder,) = exported.iterdir()
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer("<think>", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+    assert (folder / "model.safetensors").is_file() and (folder / "generation_config.json").is_file()
+
+    # MLflow: the evaluation is a run nested under the trial's run, with its table and results file.
+    client = MlflowClient(default_tracking_uri(str(tmp_path)))
+    runs = client.search_runs([client.get_experiment_by_name("rlvr-explore").experiment_id])
+    (trial_run,) = [r for r in runs if r.data.tags.get("kind") == "trial"]
+    (eval_run,) = [r for r in runs if r.data.tags.get("kind") == "evaluation"]
+    assert eval_run.data.tags["mlflow.parentRunId"] == trial_run.info.run_id
+    assert eval_run.data.metrics["eval/T0.6/arithmetic/avg_at_4"] == row["avg@4"]
+    assert [a.path for a in client.list_artifacts(eval_run.info.run_id)] == ["eval.json"]
