@@ -131,6 +131,22 @@ class Tracker:
         self._finish(run_id, "finished")
         return run_id
 
+    def register_model(self, run_id: str, folder: Path, name: str) -> str | None:
+        """Log a model folder with the run (artifact path `model`) and register it; the new version."""
+        return self._retried("registering the model", self._register_model, run_id, folder, name)
+
+    def _register_model(self, run_id: str, folder: Path, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        self.client.log_artifacts(run_id, str(folder), "model")
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as e:
+            if "already exists" not in str(e).lower():
+                raise
+        source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
+        return self.client.create_model_version(name, source, run_id=run_id).version
+
     def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any],
                         resume: bool = False) -> str | None:
         """The sweep's parent run: its spec, search space and commit; trials nest under it."""

@@ -1,6 +1,10 @@
 """python -m orchestrator.train SPEC.yaml [--set key.path=value ...] [--resume]
+python -m orchestrator.train --best-of SWEEP_DIR [--steps N] [--set key.path=value ...]
 
 Runs ONE trial as a Ray Train run (final models, debugging), tracked as a top-level MLflow run.
+A finished trial's policy is exported as a Hugging Face folder, <storage>/<name>/model; with
+`logging.register_as` (set by --best-of) it is logged with the run and registered in MLflow.
+`--best-of` trains with the best parameters a sweep found (its best_trial.yaml).
 SIGTERM or `checkpoint.save_by` make it checkpoint at the next step boundary and exit with 75;
 `--resume` (same spec and storage) continues it from its latest intact checkpoint, in the same
 MLflow run.
@@ -213,20 +217,57 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     if state == "stopped":
         console.print(f"[yellow]stopped[/yellow] after step {done} with a checkpoint: rerun the same command "
                       f"with --resume to continue", soft_wrap=True)
+    elif result.checkpoint is not None:
+        export_final(cfg, result.checkpoint, tracker, run_id)
     console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
     return metrics
 
 
+def export_final(cfg: TrialConfig, checkpoint, tracker: Tracker, run_id: str | None) -> Path:
+    """The final policy as a Hugging Face folder; logged and registered when `logging.register_as`."""
+    from trainables.export import export_policy
+
+    local = "://" not in cfg.storage
+    out = Path(cfg.storage) / cfg.name / "model" if local else Path(cfg.cache_dir).resolve() / "exports" / cfg.name
+    with checkpoint.as_directory() as folder:
+        export_policy(folder, out)
+    console.print(f"policy: {out}  (a Hugging Face folder: transformers, vLLM, orchestrator.evaluate)")
+    if cfg.logging.register_as and run_id:
+        version = tracker.register_model(run_id, out, cfg.logging.register_as)
+        if version:
+            console.print(f"registered in MLflow as {cfg.logging.register_as} version {version}")
+    return out
+
+
+def best_of(sweep_dir: str, steps: int | None, overrides: list[str]) -> TrialConfig:
+    """The best trial of a sweep, ready for a longer final run (registered as '<sweep>-best')."""
+    from orchestrator.sweep import BEST_SPEC
+
+    spec = Path(sweep_dir) / BEST_SPEC
+    if not spec.is_file():
+        raise SpecError(f"--best-of: no {BEST_SPEC} in {sweep_dir}; a sweep writes it when it finishes")
+    name = Path(sweep_dir).resolve().name
+    extra = [f"logging.register_as={name}-best", *([f"learner.steps={steps}"] if steps else []), *overrides]
+    return load_trial_spec(spec, extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__.strip())
-    parser.add_argument("spec", help="experiment spec (YAML), e.g. search_spaces/ead.yaml")
+    parser.add_argument("spec", nargs="?", help="experiment spec (YAML), e.g. search_spaces/ead.yaml")
+    parser.add_argument("--best-of", metavar="SWEEP_DIR", help="train with a sweep's best parameters")
+    parser.add_argument("--steps", type=int, help="RL steps (with --best-of: usually longer than the sweep's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set learner.steps=10 (repeatable)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run of the same name from its latest checkpoint")
     args = parser.parse_args(argv)
     try:
-        cfg = load_trial_spec(args.spec, args.overrides)
+        if bool(args.spec) == bool(args.best_of):
+            raise SpecError("give a spec or --best-of SWEEP_DIR (one of them)")
+        if args.best_of:
+            cfg = best_of(args.best_of, args.steps, args.overrides)
+        else:
+            cfg = load_trial_spec(args.spec, [*args.overrides, *([f"learner.steps={args.steps}"] if args.steps else [])])
         metrics = run(cfg, resume=args.resume)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)

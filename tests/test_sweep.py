@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from orchestrator import sweep
+from orchestrator import evaluate, sweep, train
 from orchestrator.spec import SpecError, load_sweep_spec, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 
@@ -112,3 +112,28 @@ def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port
         runs = json.load(r)["runs"]
     kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
     assert kinds == ["sweep", "trial", "trial", "trial"]
+
+
+@pytest.mark.slow
+def test_best_trial_trains_exports_registers_and_evaluates(finished_sweep, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert train.main(["--best-of", str(finished_sweep / "asha"), "--steps", "2",
+                       "--set", f"storage={tmp_path}", "--set", "validation.every=0"]) == 0
+    model_dir = tmp_path / "asha-best" / "model"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer("<think>", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+
+    # Recorded where the sweep records (its best spec carries the tracking URI), and registered.
+    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
+    (run,) = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.info.run_name == "asha-best"]
+    assert run.data.params["learner.lr"] == "0.0001" and run.data.params["learner.steps"] == "2"
+    (version,) = tracker.client.search_model_versions("name = 'asha-best'")
+    assert version.run_id == run.info.run_id
+    assert "model/model.safetensors" in [a.path for a in tracker.client.list_artifacts(run.info.run_id, "model")]
+
+    out = tmp_path / "eval.json"
+    assert evaluate.main([str(model_dir), "--benchmarks", "arithmetic", "--limit", "4", "--samples", "2",
+                          "--out", str(out), "--tracking-uri", tracker.uri]) == 0
+    assert json.loads(out.read_text())["results"]["T0.6"]["arithmetic"]["avg@2"] >= 0

@@ -235,6 +235,9 @@ class LoggingConfig(Section):
     experiment: str = Field("rlvr-explore", description="MLflow experiment name.")
     rollout_samples: int = Field(
         16, ge=0, description="Rollouts (with rewards) saved as a JSONL artifact at every validation; 0: none.")
+    register_as: str | None = Field(
+        None, description="Log the final policy (a Hugging Face folder) with the run and register it in "
+        "MLflow's model registry under this name; `train --best-of` sets it to the sweep's name + '-best'.")
 
 
 class TrialConfig(Section):
