@@ -8,7 +8,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator import evaluate, train
+from orchestrator import evaluate, report, train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import default_tracking_uri
 
@@ -69,3 +69,12 @@ def test_trained_trial_is_exported_and_evaluated(ray_cluster, tiny_model_path, t
     assert eval_run.data.tags["mlflow.parentRunId"] == trial_run.info.run_id
     assert eval_run.data.metrics["eval/T0.6/arithmetic/avg_at_4"] == row["avg@4"]
     assert [a.path for a in client.list_artifacts(eval_run.info.run_id)] == ["eval.json"]
+
+    # The trial's report draws its curves and the pass@k curve of this evaluation.
+    assert report.main([str(trial)]) == 0
+    from PIL import Image
+
+    for name in ("curves.png", "temperature.png", "pass_at_k.png"):
+        with Image.open(trial / "report" / name) as image:
+            image.verify()
+    assert "pass_at_k.png" in (trial / "report" / "report.md").read_text()

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from orchestrator import evaluate, sweep, train
+from orchestrator import evaluate, report, sweep, train
 from orchestrator.spec import SpecError, load_sweep_spec, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 
@@ -137,3 +137,27 @@ def test_best_trial_trains_exports_registers_and_evaluates(finished_sweep, tmp_p
     assert evaluate.main([str(model_dir), "--benchmarks", "arithmetic", "--limit", "4", "--samples", "2",
                           "--out", str(out), "--tracking-uri", tracker.uri]) == 0
     assert json.loads(out.read_text())["results"]["T0.6"]["arithmetic"]["avg@2"] >= 0
+
+
+def assert_png(path) -> None:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.verify()  # a real, complete PNG
+        assert image.format == "PNG" and image.size[0] > 100
+
+
+@pytest.mark.slow
+def test_report_of_the_sweep(finished_sweep):
+    assert report.main([str(finished_sweep / "asha")]) == 0
+    folder = finished_sweep / "asha" / "report"
+    for name in ("curves.png", "validation.png", "temperature.png", "objective.png"):
+        assert_png(folder / name)
+    summary = (folder / "report.md").read_text()
+    assert "learner.lr" in summary and "val/accuracy" in summary
+    assert len([line for line in summary.splitlines() if line.startswith("| ") and "0.0" in line]) >= 3
+    assert "importance" in summary  # the ranking, or why there is none yet
+    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
+    (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
+    logged = [a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")]
+    assert "report/report.md" in logged and "report/curves.png" in logged

@@ -1,0 +1,288 @@
+"""python -m orchestrator.report SWEEP_OR_TRIAL [--out DIR] [--tracking-uri URI]
+
+A folder of PNG plots and a Markdown summary of a sweep (<storage>/<name>) or one trial's run
+(<storage>/<name>), read back from MLflow (and the sweep's Optuna study), and logged as artifacts of
+the sweep's (or trial's) run:
+
+    curves.png              reward, accuracy, policy entropy, response length against step, per trial
+    validation.png          val/accuracy against step, per trial
+    oger_exploration.png    OGER's exploration reward, mean and max, against step (oger* trials)
+    temperature.png         each trial's decoding temperature against token position, first and last step
+    pass_at_k.png           pass@k against k from the trials' evaluations (orchestrator.evaluate)
+    objective.png           the objective against each searched parameter (sweeps)
+    importance.png          Optuna's parameter importances (sweeps with enough finished trials)
+    report.md               the tables: trials, parameters, objective, importances
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from orchestrator.spec import SpecError
+from orchestrator.tracking import default_tracking_uri
+from trainables.evaluation import mean_pass_at_k
+from trainables.rollout.ead import SCHEDULES
+
+console = Console()
+CURVES = ("rollout/reward_mean", "rollout/accuracy", "policy/entropy", "rollout/response_length")
+EAD_PARAMS = ("tau_max", "tau_min", "d0", "warmup_tokens", "time_scale")
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def find_runs(client: MlflowClient, experiment: str, folder: Path) -> tuple[object, list, str | None]:
+    """(the run to attach the report to, the trial runs, the sweep name or None)."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise SpecError(f"no MLflow experiment {experiment!r} in {client.tracking_uri}")
+    runs = client.search_runs([found.experiment_id], max_results=10_000)
+    sweep = [r for r in runs if r.data.tags.get("kind") == "sweep" and r.data.tags.get("sweep") == folder.name]
+    if (folder / "tune").is_dir() and sweep:
+        trials = [r for r in runs if r.data.tags.get("kind") == "trial" and r.data.tags.get("sweep") == folder.name]
+        return sweep[0], sorted(trials, key=lambda r: r.info.start_time), folder.name
+    trial = [r for r in runs if r.data.tags.get("run_path") == str(folder)]
+    if not trial:
+        raise SpecError(f"SWEEP_OR_TRIAL: no sweep or trial run for {folder} in {client.tracking_uri}")
+    return trial[0], trial[:1], None
+
+
+def history(client: MlflowClient, run, key: str) -> tuple[list[int], list[float]]:
+    points = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def label(run, keys: list[str]) -> str:
+    params = ", ".join(f"{k.split('.')[-1]}={run.data.params.get(k)}" for k in keys)
+    return f"{run.info.run_name}" + (f" ({params})" if params else "")
+
+
+def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], path: Path, title: str) -> bool:
+    """One panel per metric, one line per trial; False (no file) when no trial has any of them."""
+    plt = pyplot()
+    present = [k for k in keys if any(k in r.data.metrics for r in trials)]
+    if not present:
+        return False
+    fig, axes = plt.subplots(1, len(present), figsize=(4.6 * len(present), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], present):
+        for run in trials:
+            steps, values = history(client, run, key)
+            ax.plot(steps, values, marker="." if len(steps) < 40 else None, label=label(run, searched))
+        ax.set_title(key)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    save(fig, path)
+    return True
+
+
+def plot_temperatures(trials, searched: list[str], path: Path) -> None:
+    """EAD paper, Fig. 1: the temperature each token position is decoded at, first and last step."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for run in trials:
+        p = run.data.params
+        schedule = p.get("rollout.decoding.schedule", "fixed")
+        params = ({k: float(p[f"rollout.decoding.ead.{k}"]) for k in EAD_PARAMS} if schedule == "ead"
+                  else {"temperature": float(p.get("rollout.decoding.temperature", 1.0))})
+        positions = torch.arange(int(p.get("rollout.max_new_tokens", 64)))
+        last = int(run.data.metrics.get("progress/optimizer_step", 0))  # where the trial stopped (ASHA)
+        for step, style in ((0, "-"), (last, "--")):
+            ax.plot(positions, SCHEDULES[schedule](positions, step, **params), style,
+                    label=f"{label(run, searched)}, step {step}")
+    ax.set_xlabel("token position t")
+    ax.set_ylabel("temperature")
+    ax.set_title("decoding temperature (solid: first step, dashed: last)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    save(fig, path)
+
+
+def evaluations(client, trials, experiment_id: str) -> list[tuple[str, dict]]:
+    """(trial name, evaluation JSON) of every evaluation run nested under the trials."""
+    names = {r.info.run_id: r.info.run_name for r in trials}
+    runs = client.search_runs([experiment_id], "tags.kind = 'evaluation'", max_results=10_000)
+    out = []
+    for run in runs:
+        parent = run.data.tags.get("mlflow.parentRunId")
+        if parent not in names:
+            continue
+        for artifact in client.list_artifacts(run.info.run_id):
+            if artifact.path.endswith(".json"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    local = client.download_artifacts(run.info.run_id, artifact.path, tmp)
+                    out.append((names[parent], json.loads(Path(local).read_text())))
+    return out
+
+
+def plot_pass_at_k(evals: list[tuple[str, dict]], path: Path) -> bool:
+    """OGER paper, Fig. 4: pass@k against k, per trial, decoding and benchmark."""
+    plt = pyplot()
+    if not evals:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for trial, record in evals:
+        for decoding, per_benchmark in record["problems"].items():
+            for bench, problems in per_benchmark.items():
+                correct = [p["correct"] for p in problems]
+                n = min(len(c) for c in correct)
+                ks = [k for k in (2**i for i in range(n.bit_length())) if k <= n]
+                ax.plot(ks, [mean_pass_at_k(correct, k) for k in ks], marker="o",
+                        label=f"{trial} {decoding} {bench}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    save(fig, path)
+    return True
+
+
+def study_of(folder: Path, sweep: str):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = folder / "optuna.db"
+    return optuna.load_study(study_name=sweep, storage=f"sqlite:///{db}") if db.is_file() else None
+
+
+def plot_objective(trials, searched: list[str], metric: str, path: Path) -> bool:
+    plt = pyplot()
+    values = [(run, run.data.metrics.get(metric)) for run in trials]
+    values = [(run, v) for run, v in values if v is not None]
+    if not searched or not values:
+        return False
+    fig, axes = plt.subplots(1, len(searched), figsize=(4.2 * len(searched), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], searched):
+        xs = [run.data.params.get(key) for run, _ in values]
+        try:
+            xs = [float(x) for x in xs]
+        except (TypeError, ValueError):
+            pass  # a categorical parameter: matplotlib places the strings
+        ax.scatter(xs, [v for _, v in values])
+        ax.set_xlabel(key)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    save(fig, path)
+    return True
+
+
+def importances(study) -> dict[str, float]:
+    """Optuna's fANOVA importances, or {} when the study cannot rank its parameters yet."""
+    import optuna
+
+    try:
+        return dict(optuna.importance.get_param_importances(study))
+    except (RuntimeError, ValueError):  # fewer than two finished trials, or one value everywhere
+        return {}
+
+
+def plot_importance(values: dict[str, float], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.5 * len(values)))
+    ax.barh(list(values), list(values.values()))
+    ax.set_xlabel("importance (fANOVA)")
+    ax.invert_yaxis()
+    save(fig, path)
+
+
+def save(fig, path: Path) -> None:
+    plt = pyplot()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def markdown(title: str, trials, searched: list[str], metric: str | None, images: list[str],
+             importance: dict[str, float], notes: list[str]) -> str:
+    lines = [f"# {title}", ""]
+    columns = ["trial", "state", "steps", *([metric] if metric else []), *searched]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for run in trials:
+        m = run.data.metrics
+        row = [run.info.run_name, run.data.tags.get("state", "?"), f"{m.get('progress/step', 0):.0f}",
+               *([f"{m[metric]:.4f}" if metric in m else "-"] if metric else []),
+               *[str(run.data.params.get(k, "-")) for k in searched]]
+        lines.append("| " + " | ".join(row) + " |")
+    if importance:
+        lines += ["", "## Parameter importance (Optuna, fANOVA)", "", "| parameter | importance |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in importance.items()]
+    lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def run(target: str, out: str | None, tracking_uri: str | None, experiment: str) -> Path:
+    folder = Path(target).expanduser().resolve()
+    if not folder.is_dir():
+        raise SpecError(f"SWEEP_OR_TRIAL: {folder} is not a folder (a sweep's <storage>/<name> or a trial's)")
+    client = MlflowClient(tracking_uri or default_tracking_uri(str(folder.parent)))
+    anchor, trials, sweep = find_runs(client, experiment, folder)
+    study = study_of(folder, sweep) if sweep else None
+    searched = sorted({k for t in study.trials for k in t.params}) if study else []
+    metric = anchor.data.params.get("search.metric") if sweep else "val/accuracy"
+    report = Path(out).resolve() if out else folder / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    images, notes = [], []
+    title = f"sweep {sweep}" if sweep else f"trial {anchor.info.run_name}"
+    if plot_metrics(client, trials, CURVES, searched, report / "curves.png", title):
+        images.append("curves.png")
+    if plot_metrics(client, trials, ("val/accuracy",), searched, report / "validation.png", title):
+        images.append("validation.png")
+    if plot_metrics(client, trials, ("oger/exploration_mean", "oger/exploration_max"), searched,
+                    report / "oger_exploration.png", "OGER exploration reward"):
+        images.append("oger_exploration.png")
+    plot_temperatures(trials, searched, report / "temperature.png")
+    images.append("temperature.png")
+    if plot_pass_at_k(evaluations(client, trials, anchor.info.experiment_id), report / "pass_at_k.png"):
+        images.append("pass_at_k.png")
+    else:
+        notes.append("no evaluation yet: run python -m orchestrator.evaluate on a trial for pass@k curves")
+    importance = importances(study) if study else {}
+    if sweep and plot_objective(trials, searched, metric, report / "objective.png"):
+        images.append("objective.png")
+    if importance:
+        plot_importance(importance, report / "importance.png")
+        images.append("importance.png")
+    elif sweep:
+        notes.append("parameter importance needs at least two finished trials with different settings")
+    (report / "report.md").write_text(markdown(title, trials, searched, metric, images, importance, notes))
+    client.log_artifacts(anchor.info.run_id, str(report), "report")
+    console.print(f"report: {report / 'report.md'} ({len(images)} plots; also in MLflow run {anchor.info.run_id})")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.report", description=__doc__.strip(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", metavar="SWEEP_OR_TRIAL", help="a sweep's or a trial's folder, <storage>/<name>")
+    parser.add_argument("--out", help="report folder (default: SWEEP_OR_TRIAL/report)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite in the storage folder)")
+    parser.add_argument("--experiment", default="rlvr-explore", help="MLflow experiment")
+    args = parser.parse_args(argv)
+    try:
+        run(args.target, args.out, args.tracking_uri, args.experiment)
+    except SpecError as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
