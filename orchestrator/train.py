@@ -239,7 +239,7 @@ def export_final(cfg: TrialConfig, checkpoint, tracker: Tracker, run_id: str | N
     return out
 
 
-def best_of(sweep_dir: str, steps: int | None, overrides: list[str]) -> TrialConfig:
+def best_of(sweep_dir: str, overrides: list[str]) -> TrialConfig:
     """The best trial of a sweep, ready for a longer final run (registered as '<sweep>-best')."""
     from orchestrator.sweep import BEST_SPEC
 
@@ -247,8 +247,7 @@ def best_of(sweep_dir: str, steps: int | None, overrides: list[str]) -> TrialCon
     if not spec.is_file():
         raise SpecError(f"--best-of: no {BEST_SPEC} in {sweep_dir}; a sweep writes it when it finishes")
     name = Path(sweep_dir).resolve().name
-    extra = [f"logging.register_as={name}-best", *([f"learner.steps={steps}"] if steps else []), *overrides]
-    return load_trial_spec(spec, extra)
+    return load_trial_spec(spec, [f"logging.register_as={name}-best", *overrides])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,10 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if bool(args.spec) == bool(args.best_of):
             raise SpecError("give a spec or --best-of SWEEP_DIR (one of them)")
-        if args.best_of:
-            cfg = best_of(args.best_of, args.steps, args.overrides)
-        else:
-            cfg = load_trial_spec(args.spec, [*args.overrides, *([f"learner.steps={args.steps}"] if args.steps else [])])
+        overrides = [*([f"learner.steps={args.steps}"] if args.steps else []), *args.overrides]  # --set wins
+        cfg = best_of(args.best_of, overrides) if args.best_of else load_trial_spec(args.spec, overrides)
         metrics = run(cfg, resume=args.resume)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
