@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from trainables.rewards.verify import _time_limit, answer_part
+from trainables.rewards.verify import time_limit, answer_part
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _ANSWER_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
@@ -142,7 +142,7 @@ def answers_equal(a: str, b: str) -> bool:
     a, b = a.strip(), b.strip()
     if _CHOICE.fullmatch(a) or _CHOICE.fullmatch(b):
         return a.casefold() == b.casefold()
-    limit = _time_limit()  # off the main thread signal.alarm is unavailable: no limit (see verify.py)
+    limit = time_limit()  # off the main thread signal.alarm is unavailable: no limit (see verify.py)
     try:
         gold, prediction = _parsed(a, limit), _parsed(b, limit)
         # verify(gold, prediction): math-verify is not symmetric.

@@ -42,7 +42,7 @@ def answer_part(response: str) -> str | None:
     return response[closed + len(THINK_CLOSE):]
 
 
-def _time_limit() -> int | None:
+def time_limit() -> int | None:
     """math-verify's timeout where signal.alarm works (the main thread), else None (no signals)."""
     return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
 
@@ -69,7 +69,7 @@ def verify_response(response: str, gold: str) -> Verdict:
     if _BOXED.search(answer_text) is None:
         return Verdict(0.0, "no_boxed")
     try:
-        reason = _judge(answer_text, gold, _time_limit())
+        reason = _judge(answer_text, gold, time_limit())
     except (TimeoutException, TimeoutError):  # TimeoutException is a BaseException: name it
         reason = "timeout"
     except Exception:  # noqa: BLE001 - the one boundary with untrusted text: sympy can fail in any way
@@ -103,4 +103,4 @@ class VerifierService:
         return score_batch(responses, golds)
 
     def health(self) -> dict:
-        return {"pid": os.getpid(), "timeouts": _time_limit() is not None}
+        return {"pid": os.getpid(), "timeouts": time_limit() is not None}
