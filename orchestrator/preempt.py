@@ -21,7 +21,6 @@ class StopRequest:
     def __init__(self, folder_uri: str):
         self.uri = f"{folder_uri.rstrip('/')}/{STOP_FILE}"
         self.fs, self.path = pyarrow.fs.FileSystem.from_uri(self.uri)
-        self.received = False
 
     def clear(self) -> None:
         """A new or resumed run starts without the request that stopped the last one."""
@@ -31,7 +30,6 @@ class StopRequest:
                 self.fs.delete_file(path)
 
     def request(self) -> None:
-        self.received = True
         self.fs.create_dir(self.folder, recursive=True)
         with self.fs.open_output_stream(self.path) as f:
             f.write(b"SIGTERM\n")

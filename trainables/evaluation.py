@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from trainables.rewards.verify import time_limit, answer_part
+from trainables.rewards.verify import answer_part, time_limit
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _ANSWER_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
