@@ -115,7 +115,8 @@ class Trial:
                  store: OfflineStore | None = None, embedder=None, stop_file: str | None = None):
         ctx = ray.train.get_context()
         self.cfg, self.service, self.verifier, self.store, self.embedder = cfg, service, verifier, store, embedder
-        self.stop_file = stop_file  # its existence asks the trial to checkpoint and stop (SIGTERM)
+        # The stop file's existence asks the trial to checkpoint and stop (SIGTERM); resolved once.
+        self.stop_file = pyarrow.fs.FileSystem.from_uri(stop_file) if stop_file else None
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
@@ -397,7 +398,7 @@ class Trial:
         stop = False
         if self.rank == 0:
             if self.stop_file:
-                fs, path = pyarrow.fs.FileSystem.from_uri(self.stop_file)
+                fs, path = self.stop_file
                 stop = fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
             deadline = self.cfg.checkpoint.save_by
             if deadline is not None and self.last_step_seconds is not None:
