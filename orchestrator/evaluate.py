@@ -33,8 +33,7 @@ from trainables.config import EADConfig, TrialConfig
 from trainables.data.benchmarks import (BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem,
                                         builtin_validation, load_benchmark)
 from trainables.data.tasks import encode_prompt
-from trainables.evaluation import answers_equal, extract_answer, macro_average, summarize
-from trainables.rewards.verify import verify_response
+from trainables.evaluation import judge, macro_average, metric_key, summarize
 from trainables.rollout.types import SamplingSpec
 
 console = Console()
@@ -123,14 +122,6 @@ def resolve_policy(target: Path) -> tuple[Path, dict | None]:
     raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")
 
 
-def score(problem: BenchmarkProblem, texts: list[str]) -> tuple[list[bool], list[str | None]]:
-    """Correctness and extracted answer of each sample of one problem."""
-    answers = [extract_answer(t) for t in texts]
-    if problem.choices:  # multiple choice: the boxed letter, in the same think-then-box format
-        return [a is not None and answers_equal(problem.answer, a) for a in answers], answers
-    return [verify_response(t, problem.answer).reward == 1.0 for t in texts], answers
-
-
 def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Decoding, *, samples: int,
              max_new_tokens: int, seed: int, progress: Progress, title: str) -> tuple[dict[str, float], list[dict]]:
     """One benchmark under one decoding: its summary row and per-problem results."""
@@ -144,7 +135,7 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
         batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p) for p in chunk], samples, spec))
         for i, problem in enumerate(chunk):
             texts = batch.texts[i * samples : (i + 1) * samples]
-            correct, answers = score(problem, texts)
+            correct, answers = judge(texts, problem.answer, bool(problem.choices))
             rows.append({"uid": problem.uid, "question": problem.question, "gold": problem.answer,
                          "answers": answers, "correct": correct, "responses": texts})
         progress.advance(task, len(chunk))
@@ -219,8 +210,7 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
     uri = args.tracking_uri or logging.get("tracking_uri") or default_tracking_uri(storage)
     tracker = Tracker(uri, logging.get("experiment", "rlvr-explore"))
     parent = tracker.find_trial_run(str(target)) if trial_spec else None
-    # MLflow keys allow no "@": avg@8 is logged as avg_at_8.
-    metrics = {f"eval/{label}/{bench}/{key.replace('@', '_at_')}": value for label, per in results.items()
+    metrics = {f"eval/{label}/{bench}/{metric_key(key)}": value for label, per in results.items()
                for bench, row in per.items() for key, value in row.items()}
     params = {"model": record["model"], "benchmarks": args.benchmarks, "samples": args.samples,
               "decodings": ",".join(results), "seed": args.seed, "max_new_tokens": record["max_new_tokens"]}

@@ -30,6 +30,7 @@ from trainables.config import (
     TrialConfig,
     ValidationConfig,
 )
+from trainables.data.benchmarks import BenchmarkError, load_benchmark
 
 __all__ = [
     "AlgorithmConfig",
@@ -129,14 +130,52 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def validate_trial(data: dict[str, Any], source: str) -> TrialConfig:
     try:
-        return TrialConfig.model_validate(data)
+        trial = TrialConfig.model_validate(data)
     except ValidationError as e:
         raise SpecError(format_validation_error(source, e)) from None
+    check_metric(trial, trial.checkpoint.keep_best_by, f"{source}: checkpoint.keep_best_by")
+    check_benchmark_files(trial, source)
+    return trial
+
+
+def check_metric(trial: TrialConfig, metric: str | None, where: str) -> None:
+    """A val/* metric must be one this trial's validation reports (the others depend on the data)."""
+    if metric and metric.startswith("val/") and metric not in (names := trial.validation.metric_names()):
+        raise SpecError(f"{where}: {metric} is not a validation metric of this spec; with "
+                        f"validation.samples={trial.validation.samples} they are {', '.join(names)}")
+
+
+def check_benchmark_files(trial: TrialConfig, source: str) -> None:
+    """Each validation benchmark file reads in its layout (bad rows are only counted, as in the trial)."""
+    for name, path in trial.validation.benchmarks.items():
+        if path:
+            try:
+                load_benchmark(name, path, limit=trial.validation.num_prompts, seed=trial.seed)
+            except BenchmarkError as e:
+                raise SpecError(f"{source}: validation.benchmarks.{name}: {e}") from None
+
+
+def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy with the spec's local paths made absolute: trials run in their own working folders."""
+    def absolute(path: Any) -> Any:  # anything but a local path string is left to validation
+        return str(Path(path).expanduser().resolve()) if isinstance(path, str) and "://" not in path else path
+
+    out = apply_overrides(data, {"cache_dir": absolute(data.get("cache_dir", ".cache"))})
+
+    if isinstance(out.get("model"), dict) and out["model"].get("path"):
+        out["model"]["path"] = absolute(out["model"]["path"])
+    for source in (out.get("offline") or {}).get("files") or []:
+        if isinstance(source, dict) and "path" in source:
+            source["path"] = absolute(source["path"])
+    benchmarks = (out.get("validation") or {}).get("benchmarks")
+    if isinstance(benchmarks, dict):
+        out["validation"]["benchmarks"] = {name: absolute(path) for name, path in benchmarks.items()}
+    return out
 
 
 def load_trial_spec(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
     """Read, override and validate a spec file: the one edge where input is checked."""
-    data = apply_overrides(read_yaml(path), parse_overrides(overrides))
+    data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
     data.pop("search", None)  # the sweep's section; a single trial ignores it
     return validate_trial(data, str(path))
 
@@ -221,7 +260,7 @@ class SearchConfig(Section):
 def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> tuple[TrialConfig, SearchConfig, dict]:
     """(base trial, search, base trial data) from a spec with a `search:` section, all checked here:
     every searched field must make a valid trial at each bound or choice."""
-    data = apply_overrides(read_yaml(path), parse_overrides(overrides))
+    data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
     raw_search = data.pop("search", None)
     if raw_search is None:
         raise SpecError(f"{path}: search: missing; a sweep spec needs a search section (see search_spaces/ead.yaml)")
@@ -240,4 +279,6 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> tup
                                 f"({first.removeprefix(': ')})") from None
     if search.metric.startswith("val/") and not trial.validation.every:
         raise SpecError(f"{path}: search.metric: {search.metric} needs validation.every > 0")
+    check_metric(trial, search.metric, f"{path}: search.metric")
+    check_metric(trial, search.second_metric, f"{path}: search.second_metric")
     return trial, search, data

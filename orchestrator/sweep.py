@@ -96,16 +96,6 @@ def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], tri
     return TrialConfig.model_validate(data)
 
 
-def absolute_paths(base: dict) -> dict:
-    """The base trial with its local paths made absolute: Tune runs each trial in its own folder."""
-    out = apply_overrides(base, {"cache_dir": str(Path(base.get("cache_dir", ".cache")).resolve())})
-    if (out.get("model") or {}).get("path"):
-        out["model"]["path"] = str(Path(out["model"]["path"]).resolve())
-    for source in (out.get("offline") or {}).get("files", []):
-        source["path"] = str(Path(source["path"]).resolve())
-    return out
-
-
 def make_trainable(base: dict, fixed: dict[str, Any], storage: str, tracking: dict, stop: StopRequest):
     """The Tune trial: one Ray Train run of the RL loop, tracked as a nested MLflow run.
 
@@ -210,7 +200,6 @@ def run(spec: str, args) -> int:
             raise SpecError(f"--max-concurrent must be >= 1 (got {args.max_concurrent})")
         search.max_concurrent_trials = args.max_concurrent
     _, fixed = optuna_space(search)
-    base = absolute_paths(base)
     if args.dry_run:
         dry_run(search, base, fixed)
         return 0

@@ -41,6 +41,13 @@ def test_shipped_spec_is_valid():
         ("checkpoint: {keep_best_by: accuracy}\n", "checkpoint", "'accuracy' is not a trial metric"),
         ("checkpoint: {save_by: soon}\n", "checkpoint.save_by", "datetime"),
         ("storage: s3://bucket/runs\n", "logging.tracking_uri", "is needed with a storage URI"),
+        ("validation: {benchmarks: {}}\n", "validation", "benchmarks is empty"),
+        ("validation: {benchmarks: {aime26: a.jsonl}}\n", "validation", "unknown benchmark 'aime26'"),
+        ("validation: {benchmarks: {aime24: null}}\n", "validation", "benchmarks.aime24 needs its file"),
+        ("validation: {benchmarks: {arithmetic: a.jsonl}}\n", "validation", "arithmetic is built in"),
+        ("validation: {benchmarks: {aime24: nowhere.jsonl}}\n", "validation.benchmarks.aime24", "nowhere.jsonl"),
+        ("checkpoint: {keep_best_by: val/aime24/avg_at_2}\n", "checkpoint.keep_best_by",
+         "not a validation metric of this spec"),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):
@@ -85,3 +92,21 @@ def test_shipped_sweep_specs_are_valid(spec):
 
     trial, search, _ = load_sweep_spec(spec)
     assert search.space and trial.validation.every > 0
+
+
+def test_validation_benchmarks_name_their_metrics_and_paths_become_absolute(tmp_path, monkeypatch):
+    from orchestrator.spec import load_sweep_spec
+
+    (tmp_path / "aime24.jsonl").write_text('{"problem": "1+1", "answer": "2", "id": 1}\n')
+    monkeypatch.chdir(tmp_path)  # a relative file is read from where the command runs, not the trial's folder
+    path = write(tmp_path, """\
+        validation: {samples: 4, benchmarks: {arithmetic: null, aime24: aime24.jsonl}}
+        checkpoint: {keep_best_by: val/aime24/maj_at_4}
+        search: {metric: val/macro/pass_at_4, space: {learner.lr: {value: 0.001}}}
+        """)
+    trial, search, _ = load_sweep_spec(path)
+    assert trial.validation.benchmarks["aime24"] == str(tmp_path / "aime24.jsonl")
+    assert "val/aime24/worst_at_4" in trial.validation.metric_names()
+    path.write_text(path.read_text().replace("val/macro/pass_at_4", "val/macro/pass_at_8"))
+    with pytest.raises(SpecError, match="search.metric: val/macro/pass_at_8 is not a validation metric"):
+        load_sweep_spec(path)

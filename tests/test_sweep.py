@@ -56,7 +56,7 @@ def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
 # below the first trial's validation accuracy at the first rung.
 ASHA_SEARCH = f"""
 search:
-  metric: val/accuracy
+  metric: val/arithmetic/pass_at_2
   mode: max
   num_samples: 3
   scheduler: {{name: asha, grace_period: 2, reduction_factor: 2}}

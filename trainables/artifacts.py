@@ -22,7 +22,8 @@ def rollout_samples_jsonl(step: int, questions: list[str], golds: list[str], tex
 
 
 def validation_curve(history: list[tuple[int, dict[str, float]]], title: str) -> tuple[str, bytes]:
-    """(CSV, PNG) of val/* against the RL step; step 0 is the base policy."""
+    """(CSV, PNG) of val/* against the RL step; step 0 is the base policy. One panel per benchmark
+    (its avg@k, pass@k, maj@k, worst@k), one for the overall accuracy, one for response lengths."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on workers
@@ -31,12 +32,21 @@ def validation_curve(history: list[tuple[int, dict[str, float]]], title: str) ->
     keys = sorted({k for _, metrics in history for k in metrics})
     rows = ["step," + ",".join(keys)]
     rows += [f"{step}," + ",".join(f"{m.get(k, float('nan')):.6g}" for k in keys) for step, m in history]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        ax.plot([s for s, _ in history], [m.get(key, float("nan")) for _, m in history], marker="o")
+    panels: dict[str, list[str]] = {}
+    for key in keys:  # val/accuracy -> "overall"; val/<benchmark>/<metric> -> "<benchmark>"
+        parts = key.split("/")
+        panel = "response length" if key.endswith("response_length") else (parts[1] if len(parts) > 2 else "overall")
+        panels.setdefault(panel, []).append(key)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2), squeeze=False)
+    steps = [s for s, _ in history]
+    for ax, (panel, members) in zip(axes[0], panels.items()):
+        for key in members:
+            label = key.removeprefix("val/") if panel in ("overall", "response length") else key.split("/")[-1]
+            ax.plot(steps, [m.get(key, float("nan")) for _, m in history], marker="o", label=label)
         ax.set_xlabel("RL step")
-        ax.set_title(key)
+        ax.set_title(panel)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     png = io.BytesIO()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import TEACHERS
+from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
 from trainables.losses import AGGREGATIONS
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
@@ -191,13 +192,43 @@ class LearnerConfig(Section):
 
 
 class ValidationConfig(Section):
+    """In-training validation: `orchestrator.evaluate`'s metrics on benchmarks, every few RL steps."""
+
     every: int = Field(10, ge=0, description="Validate every v RL steps (and at the start and end); 0: never.")
-    num_prompts: PositiveInt = Field(64, description="Validation problems (at most task.val_size).")
-    samples: PositiveInt = Field(2, description="Samples per validation problem (avg@k).")
+    num_prompts: PositiveInt = Field(
+        64, description="Problems of each benchmark (the first ones; for arithmetic at most task.val_size).")
+    samples: PositiveInt = Field(2, description="Samples per validation problem (the k of avg@k, pass@k, maj@k).")
+    benchmarks: dict[str, str | None] = Field(
+        default_factory=lambda: {BUILTIN: None},
+        description="Benchmark name -> local file in its public layout (README: Evaluation); arithmetic, "
+        "the built-in task's validation split, takes no file.")
     decoding: DecodingConfig = Field(
         default_factory=lambda: DecodingConfig(schedule="fixed", temperature=0.6),
         description="Validation decoding: not annealed unless set so here.",
     )
+
+    @model_validator(mode="after")
+    def _known_benchmarks(self) -> ValidationConfig:
+        if not self.benchmarks:
+            raise ValueError(f"benchmarks is empty; name at least one, e.g. {{{BUILTIN}: null}}")
+        for name, path in self.benchmarks.items():
+            if name == BUILTIN and path:
+                raise ValueError(f"benchmarks.{BUILTIN} is built in and takes no file (got {path!r})")
+            if name not in (BUILTIN, *BENCHMARK_NAMES):
+                raise ValueError(f"benchmarks: unknown benchmark {name!r}; known: {BUILTIN}, "
+                                 f"{', '.join(BENCHMARK_NAMES)}")
+            if name != BUILTIN and not path:
+                raise ValueError(f"benchmarks.{name} needs its file (Parquet, JSONL or CSV in its public layout)")
+        return self
+
+    def metric_names(self) -> list[str]:
+        """Every val/* metric a validation reports: val/accuracy (avg@k macro-averaged over the
+        benchmarks), val/response_length, and val/<benchmark>/<metric> (plus val/macro/* for several)."""
+        from trainables.evaluation import metric_key, summary_keys  # math-verify: only when asked
+
+        keys = [*map(metric_key, summary_keys(self.samples)), "response_length"]
+        groups = [*self.benchmarks, *(["macro"] if len(self.benchmarks) > 1 else [])]
+        return ["val/accuracy", "val/response_length", *(f"val/{g}/{key}" for g in groups for key in keys)]
 
 
 class CheckpointConfig(Section):
@@ -279,7 +310,7 @@ class TrialConfig(Section):
         if "://" in self.storage and not self.logging.tracking_uri:
             raise ValueError(f"logging.tracking_uri is needed with a storage URI ({self.storage}): an MLflow "
                              f"server such as http://HOST:5000 (the default sqlite store is a local file)")
-        if self.validation.num_prompts > self.task.val_size:
+        if BUILTIN in self.validation.benchmarks and self.validation.num_prompts > self.task.val_size:
             raise ValueError(
                 f"validation.num_prompts ({self.validation.num_prompts}) must be <= task.val_size "
                 f"({self.task.val_size})"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from trainables.rewards.verify import answer_part, time_limit
+from trainables.rewards.verify import answer_part, time_limit, verify_response
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _ANSWER_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
@@ -154,6 +154,15 @@ def answers_equal(a: str, b: str) -> bool:
         return False
 
 
+def judge(texts: Sequence[str], gold: str, multiple_choice: bool) -> tuple[list[bool], list[str | None]]:
+    """Each sample's correctness and extracted answer. Math: the verifiable reward (think block, box,
+    math-verify); multiple choice: the boxed letter in the same format, compared as text."""
+    answers = [extract_answer(text) for text in texts]
+    if multiple_choice:
+        return [a is not None and answers_equal(gold, a) for a in answers], answers
+    return [verify_response(text, gold).reward == 1.0 for text in texts], answers
+
+
 # ---------------------------------------------------------------------------------------------------
 # Majority vote
 
@@ -207,6 +216,16 @@ def macro_average(per_benchmark: dict[str, float]) -> float:
     return sum(per_benchmark.values()) / len(per_benchmark)
 
 
+def summary_keys(k: int) -> list[str]:
+    """The keys of `summarize`'s row for k samples per problem, in table order."""
+    return [f"avg@{k}", *(f"pass@{2 ** i}" for i in range(k.bit_length())), f"maj@{k}", f"worst@{k}"]
+
+
+def metric_key(key: str) -> str:
+    """A row key as a tracking metric name: MLflow allows no "@" (avg@8 -> avg_at_8)."""
+    return key.replace("@", "_at_")
+
+
 def summarize(correct_per_problem: Sequence[Sequence[bool]],
               answers_per_problem: Sequence[Sequence[str | None]], golds: Sequence[str]) -> dict[str, float]:
     """One benchmark's table row: avg@k, pass@1, pass@2, pass@4, ... (powers of two <= k), maj@k, worst@k.
@@ -220,10 +239,9 @@ def summarize(correct_per_problem: Sequence[Sequence[bool]],
                          "per sampled answer, problem by problem")
     k = min(len(samples) for samples in correct_per_problem)
     row = {f"avg@{k}": avg_at_k([samples[:k] for samples in correct_per_problem])}
-    j = 1
-    while j <= k:
-        row[f"pass@{j}"] = mean_pass_at_k(correct_per_problem, j)
-        j *= 2
+    for key in summary_keys(k):
+        if key.startswith("pass@"):
+            row[key] = mean_pass_at_k(correct_per_problem, int(key.removeprefix("pass@")))
     row[f"maj@{k}"] = majority_at_n(answers_per_problem, golds, k)
     row[f"worst@{k}"] = mean_worst_at_k(correct_per_problem, k)
     return row

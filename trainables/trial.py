@@ -13,7 +13,9 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
     faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
     rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
     exploration_mean,exploration_max}.
-    val/accuracy, val/response_length (every `validation.every` steps), progress/{step,optimizer_step}.
+    Every `validation.every` steps: val/<benchmark>/{avg_at_k,pass_at_1,...,maj_at_k,worst_at_k,
+    response_length} (ValidationConfig.metric_names), val/accuracy (avg@k over the benchmarks),
+    val/response_length. progress/{step,optimizer_step}.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, r
                                    set_rng_state, write_manifest)
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
+from trainables.data.benchmarks import validation_benchmarks
 from trainables.data.tasks import encode_prompt, load_task
 from trainables.data.offline import OfflineStore
+from trainables.evaluation import macro_average, metric_key
 from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
@@ -50,6 +54,7 @@ from trainables.step_log import StepLogger
 
 SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails
 SERVICE_RESTART_TIMEOUT_S = 300
+VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)
 LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
 
 
@@ -121,8 +126,11 @@ class Trial:
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
-        self.train_set, self.val_set = load_task(cfg.task, cfg.seed)
-        self.val_set = self.val_set[: cfg.validation.num_prompts]
+        self.train_set, _ = load_task(cfg.task, cfg.seed)
+        self.val_sets, skipped = validation_benchmarks(cfg.validation, cfg.task, cfg.seed)
+        for name, counts in skipped.items():
+            if counts and self.rank == 0:
+                print(f"[trial {cfg.name}] validation {name}: skipped {sum(counts.values())} rows {dict(counts)}")
         self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
         self.learner = Learner(model_path, cfg, world_size=self.world)
         from transformers import AutoTokenizer
@@ -320,16 +328,55 @@ class Trial:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        """avg@k on this rank's slice of the validation split, reduced over ranks."""
+        """The validation benchmarks judged and summarized as `orchestrator.evaluate` does: each rank
+        samples its slice of every benchmark, the verifier judges, rank 0 summarizes all problems."""
         v = self.cfg.validation
-        shard = self.val_set[self.rank :: self.world]
-        spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, self.learner.optimizer_step,
-                             seed=self.cfg.seed * 7919 + 17 + self.rank)  # same draws at every validation
-        rollouts = self.generate(self.encode(shard), v.samples, spec)
-        rewards, _ = self.score(rollouts, shard)
-        s = reduce_sums({"seqs": float(len(rewards)), "reward": float(rewards.sum()),
-                         "length": float(rollouts.num_tokens)})
-        return {"val/accuracy": s["reward"] / s["seqs"], "val/response_length": s["length"] / s["seqs"]}
+        shards = {name: problems[self.rank :: self.world] for name, problems in self.val_sets.items()}
+        mine = [(name, problem) for name, shard in shards.items() for problem in shard]
+        # Every rank makes the same number of calls (generate is a collective round), sized by the largest share.
+        largest = sum(-(-len(problems) // self.world) for problems in self.val_sets.values())
+        per_call = max(1, VALIDATION_SEQUENCES_PER_CALL // v.samples)
+        texts, tokens = [], []
+        for call, start in enumerate(range(0, largest, per_call)):
+            spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, self.learner.optimizer_step,
+                                 seed=(self.cfg.seed * 7919 + 17 + self.rank) * 1009 + call)  # same at every validation
+            rollouts = self.generate(self.encode([p for _, p in mine[start : start + per_call]]), v.samples, spec)
+            texts += rollouts.texts
+            tokens += [len(r) for r in rollouts.response_ids]
+        verdicts = ray.get(self.verifier.judge.remote(
+            [(texts[i * v.samples : (i + 1) * v.samples], p.answer, bool(p.choices)) for i, (_, p) in enumerate(mine)]))
+        rows = [(name, p.uid, p.answer, correct, answers, sum(tokens[i * v.samples : (i + 1) * v.samples]))
+                for i, ((name, p), (correct, answers)) in enumerate(zip(mine, verdicts))]
+        gathered = [rows]
+        if dist.is_initialized():
+            gathered = [None] * self.world
+            dist.all_gather_object(gathered, rows)
+        result = [self.summarize_validation([row for part in gathered for row in part]) if self.rank == 0 else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(result, src=0)
+        return result[0]
+
+    def summarize_validation(self, rows: list[tuple]) -> dict[str, float]:
+        """val/<benchmark>/<metric> from every problem's (benchmark, uid, gold, correct, answers, tokens),
+        val/macro/* over several benchmarks, and val/accuracy: avg@k macro-averaged (the default objective)."""
+        k = self.cfg.validation.samples
+        metrics, rows_by_name = {}, {}
+        for row in sorted(rows, key=lambda r: r[1]):  # problem order does not depend on the ranks
+            rows_by_name.setdefault(row[0], []).append(row)
+        summaries = {}
+        for name, group in rows_by_name.items():
+            _, _, golds, correct, answers, tokens = zip(*group)
+            summaries[name] = {**ray.get(self.verifier.summarize.remote(correct, answers, golds)),
+                               "response_length": sum(tokens) / (k * len(group))}
+        if len(summaries) > 1:
+            summaries["macro"] = {key: macro_average({n: s[key] for n, s in summaries.items()})
+                                  for key in next(iter(summaries.values()))}
+        for name, summary in summaries.items():
+            metrics.update({f"val/{name}/{metric_key(key)}": value for key, value in summary.items()})
+        every = [s for name, s in summaries.items() if name != "macro"]
+        metrics["val/accuracy"] = sum(s[f"avg@{k}"] for s in every) / len(every)
+        metrics["val/response_length"] = sum(s["response_length"] for s in every) / len(every)
+        return metrics
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, step: int, metrics: dict[str, float]) -> None:

@@ -102,5 +102,18 @@ class VerifierService:
     def score(self, responses: Sequence[str], golds: Sequence[str]) -> tuple[list[float], dict[str, int]]:
         return score_batch(responses, golds)
 
+    def judge(self, problems: Sequence[tuple[Sequence[str], str, bool]]) -> list[tuple[list[bool], list[str | None]]]:
+        """Per problem (its samples' texts, gold answer, multiple choice): `trainables.evaluation.judge`."""
+        from trainables.evaluation import judge  # evaluation builds on this module
+
+        return [judge(texts, gold, choice) for texts, gold, choice in problems]
+
+    def summarize(self, correct: Sequence[Sequence[bool]], answers: Sequence[Sequence[str | None]],
+                  golds: Sequence[str]) -> dict[str, float]:
+        """`trainables.evaluation.summarize`, here because its majority vote compares answers with math-verify."""
+        from trainables.evaluation import summarize
+
+        return summarize(correct, answers, golds)
+
     def health(self) -> dict:
         return {"pid": os.getpid(), "timeouts": time_limit() is not None}

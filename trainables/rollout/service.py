@@ -42,6 +42,8 @@ class RolloutService:
         if weight_version is not None and weight_version != self.engine.weight_version:
             raise StaleWeightsError(f"the rollout service holds weight version {self.engine.weight_version}, "
                                     f"the learner expects {weight_version}")
+        if not prompts:  # a rank whose share of a small set is empty still takes part in the round
+            return RolloutBatch([], [], [], [], [], n, weight_version=self.engine.weight_version)
         return self.engine.generate(prompts, n, spec)
 
     def update_weights(self, state_dict, version: int) -> int:
