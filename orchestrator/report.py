@@ -5,7 +5,7 @@ A folder of PNG plots and a Markdown summary of a sweep (<storage>/<name>) or on
 the sweep's (or trial's) run:
 
     curves.png              reward, accuracy, policy entropy, response length against step, per trial
-    validation.png          val/accuracy against step, per trial
+    validation.png          val/accuracy (and a val/* objective) against step, per trial
     oger_exploration.png    OGER's exploration reward, mean and max, against step (oger* trials)
     temperature.png         each trial's decoding temperature against token position, first and last step
     pass_at_k.png           pass@k against k from the trials' evaluations (orchestrator.evaluate)
@@ -208,15 +208,15 @@ def save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(title: str, trials, searched: list[str], metric: str | None, images: list[str],
+def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], images: list[str],
              importance: dict[str, float], notes: list[str]) -> str:
     lines = [f"# {title}", ""]
-    columns = ["trial", "state", "steps", *([metric] if metric else []), *searched]
+    columns = ["trial", "state", "steps", *metrics, *searched]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in trials:
         m = run.data.metrics
         row = [run.info.run_name, run.data.tags.get("state", "?"), f"{m.get('progress/step', 0):.0f}",
-               *([f"{m[metric]:.4f}" if metric in m else "-"] if metric else []),
+               *[f"{m[key]:.4f}" if key in m else "-" for key in metrics],
                *[str(run.data.params.get(k, "-")) for k in searched]]
         lines.append("| " + " | ".join(row) + " |")
     if importance:
@@ -243,7 +243,9 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     title = f"sweep {sweep}" if sweep else f"trial {anchor.info.run_name}"
     if plot_metrics(client, trials, CURVES, searched, report / "curves.png", title):
         images.append("curves.png")
-    if plot_metrics(client, trials, ("val/accuracy",), searched, report / "validation.png", title):
+    shown = tuple(dict.fromkeys(filter(None, (metric, "val/accuracy"))))  # the objective first
+    validation = tuple(m for m in shown if m.startswith("val/"))
+    if plot_metrics(client, trials, validation, searched, report / "validation.png", title):
         images.append("validation.png")
     if plot_metrics(client, trials, ("oger/exploration_mean", "oger/exploration_max"), searched,
                     report / "oger_exploration.png", "OGER exploration reward"):
@@ -262,7 +264,7 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
         images.append("importance.png")
     elif sweep:
         notes.append("parameter importance needs at least two finished trials with different settings")
-    (report / "report.md").write_text(markdown(title, trials, searched, metric, images, importance, notes))
+    (report / "report.md").write_text(markdown(title, trials, searched, shown, images, importance, notes))
     client.log_artifacts(anchor.info.run_id, str(report), "report")
     console.print(f"report: {report / 'report.md'} ({len(images)} plots; also in MLflow run {anchor.info.run_id})")
     return report

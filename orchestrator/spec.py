@@ -241,6 +241,9 @@ class SearchConfig(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list,
                                                      description="Settings tried first (e.g. the papers').")
+    final: dict[str, Any] = Field(
+        default_factory=dict, description="Dotted trial field -> value for the final model, applied over the "
+        "best trial's settings in best_trial.yaml (`train --best-of`): longer, more learner workers, GPUs.")
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
@@ -277,6 +280,11 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> tup
                 first = format_validation_error("", e).splitlines()[0] if isinstance(e, ValidationError) else str(e)
                 raise SpecError(f"{path}: search.space.{key}: {value!r} does not make a valid trial "
                                 f"({first.removeprefix(': ')})") from None
+    try:
+        TrialConfig.model_validate(apply_overrides(data, search.final))
+    except (ValidationError, SpecError) as e:
+        first = format_validation_error("", e).splitlines()[0] if isinstance(e, ValidationError) else str(e)
+        raise SpecError(f"{path}: search.final: does not make a valid trial ({first.removeprefix(': ')})") from None
     if search.metric.startswith("val/") and not trial.validation.every:
         raise SpecError(f"{path}: search.metric: {search.metric} needs validation.every > 0")
     check_metric(trial, search.metric, f"{path}: search.metric")

@@ -108,7 +108,7 @@ def make_trainable(base: dict, fixed: dict[str, Any], storage: str, tracking: di
 
         trial_id = tune.get_context().get_trial_id()
         cfg = trial_config(base, sampled, fixed, trial_id, storage)
-        model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
+        model_path = resolve_model_path(cfg.model, cfg.cache_dir)
         tracker = Tracker(tracking["uri"], cfg.logging.experiment)
         run_id = tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
                                          tags={"kind": "trial", "sweep": tracking["sweep"], "trial_id": trial_id})
@@ -210,7 +210,7 @@ def run(spec: str, args) -> int:
     sweep_dir = Path(sweep_uri) if "://" not in storage else Path(".cache") / "sweeps" / name
     check_resumable(sweep_uri, name, args.resume)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    resolve_model_path(base_cfg.model.path, base_cfg.model.tiny, base_cfg.cache_dir)  # build once, here
+    resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
     uri = args.tracking_uri or base_cfg.logging.tracking_uri
     if uri is None and "://" in storage:
         raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
@@ -296,12 +296,14 @@ def report(results, search: SearchConfig, sweep_dir: Path, base: dict, fixed: di
     if not any(r.metrics and search.metric in r.metrics for r in results):
         raise SweepFailed(f"no trial reported {search.metric}; their errors are in {sweep_dir / 'tune'}")
     best = results.get_best_result(metric=search.metric, mode=search.mode, filter_nan_and_inf=True)
-    cfg = trial_config(base, {k: best.config[k] for k in keys}, fixed, f"{sweep_dir.name}-best", base.get("storage", "runs"))
+    # The final model's spec: the winner's settings, then the spec's `search.final` (longer, bigger).
+    cfg = trial_config(base, {**{k: best.config[k] for k in keys}, **search.final}, fixed, f"{sweep_dir.name}-best",
+                       base.get("storage", "runs"))
     path = sweep_dir / BEST_SPEC
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     console.print(f"best trial {best.metrics.get('trial_id')}: {search.metric} = {best.metrics.get(search.metric):.4g} "
                   f"with {({k: best.config[k] for k in keys})}")
-    console.print(f"its spec: {path}  (python -m orchestrator.train {path})")
+    console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {sweep_dir})")
     return {"trial_id": best.metrics.get("trial_id"), "metric": best.metrics.get(search.metric),
             "params": {k: best.config[k] for k in keys}, "spec": str(path)}
 

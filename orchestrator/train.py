@@ -186,7 +186,7 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     it stopped early for a resume."""
     cfg.storage = storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
     check_fresh(cfg, resume)
-    model_path = resolve_model_path(cfg.model.path, cfg.model.tiny, cfg.cache_dir)
+    model_path = resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     store = load_offline(cfg, model_path)
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)

