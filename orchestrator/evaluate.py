@@ -33,8 +33,8 @@ from trainables.checkpoint import checkpoint_problem, saved_world_size
 from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, TrialConfig
 from trainables.data.benchmarks import (BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem,
                                         builtin_validation, load_benchmark)
-from trainables.data.tasks import encode_prompt
 from trainables.data.bootstrap import resolve_model_path
+from trainables.data.tasks import encode_prompt
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_average, metric_key, summarize
 from trainables.rollout.types import SamplingSpec
 

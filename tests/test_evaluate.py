@@ -31,6 +31,8 @@ def test_bad_arguments_are_one_line(tiny_model_path, capsys, extra, expected):
 def test_not_a_model_or_trial(tmp_path, capsys):
     assert evaluate.main([str(tmp_path)]) == 2
     assert "neither a Hugging Face model folder" in capsys.readouterr().out
+    assert evaluate.main(["smollm2-135m"]) == 2  # not a folder, not quite a preset's name
+    assert "nor a preset (tiny, smollm2-135m-instruct)" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -82,7 +82,7 @@ def test_evaluate_and_train_run_on_the_preset(ray_cluster, smollm2_path, tmp_pat
     # A short trial: DeepSpeed over the 135M model (tied embeddings), weight syncs, the export at the end.
     cfg = load_trial_spec("search_spaces/ead.yaml", [
         f"storage={tmp_path}", "model.preset=smollm2-135m-instruct", "learner.steps=2", "learner.prompts_per_step=2",
-        "rollout.group_size=2", "rollout.max_new_tokens=16", "learner.micro_batch_size=2", "validation.every=0"])
+        "rollout.group_size=2", "rollout.max_new_tokens=16", "learner.num_workers=1", "validation.every=0"])
     final = train.run(cfg)
     assert final["progress/step"] == 2 and final["rollout/response_length"] > 0
     assert torch.isfinite(torch.tensor(final["policy/entropy"]))

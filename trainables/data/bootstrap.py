@@ -14,6 +14,8 @@ import math
 import random
 import re
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,18 +50,26 @@ def cache_key(cfg: TinyModelConfig) -> str:
 
 def ensure_tiny_model(cfg: TinyModelConfig, cache_dir: str | Path) -> Path:
     """Return the folder of the tiny model for cfg, building it once (safe across processes)."""
-    root = Path(cache_dir).expanduser().resolve() / "models"
-    target = root / f"tiny-qwen2-{cache_key(cfg)}"
+    return build_once(Path(cache_dir) / "models" / f"tiny-qwen2-{cache_key(cfg)}",
+                      lambda staging: build_tiny_model(cfg, staging))
+
+
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """`target` (a model folder), made by `build(staging folder)` unless it exists; processes that ask
+    at once wait for the one that builds."""
+    target = target.expanduser().resolve()
     if (target / "config.json").is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").is_file():  # another process built it while we waited
             return target
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        build_tiny_model(cfg, staging)
+        start = time.perf_counter()
+        build(staging)
         staging.rename(target)  # atomic: a half-built folder is never taken for a model
+        print(f"built {target} in {time.perf_counter() - start:.0f} s", flush=True)
     return target
 
 

