@@ -50,7 +50,7 @@ def test_trained_trial_is_exported_and_evaluated(ray_cluster, tiny_model_path, t
     record = json.loads(out.read_text())
     assert set(record["results"]) == {"T0.3", "T0.6"}
     row = record["results"]["T0.6"]["arithmetic"]
-    assert set(row) == {"avg@4", "pass@1", "pass@2", "pass@4", "maj@4", "worst@4"}
+    assert set(row) == {"avg@4", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4", "worst@4"}
     assert 0 <= row["worst@4"] <= row["avg@4"] <= row["pass@4"] <= 1 and row["avg@4"] == row["pass@1"]
     problems = record["problems"]["T0.6"]["arithmetic"]
     assert len(problems) == 8 and all(len(p["responses"]) == 4 for p in problems)
