@@ -176,7 +176,7 @@ def run(args) -> dict:
     from trainables.rollout.service import start_rollout_service
 
     init_ray(2)
-    service = start_rollout_service(cfg.rollout.backend, model_path, num_cpus=1)
+    service = start_rollout_service(cfg.rollout, model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     results: dict[str, dict[str, dict[str, float]]] = {}
     per_problem: dict[str, dict[str, list[dict]]] = {}

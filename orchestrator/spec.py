@@ -128,13 +128,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def validate_trial(data: dict[str, Any], source: str) -> TrialConfig:
+def validate_trial(data: dict[str, Any], source: str, check_files: bool = True) -> TrialConfig:
+    """The trial spec, checked; `check_files=False` leaves the data files to the run (a dry run on a
+    machine without the cluster's volumes)."""
     try:
         trial = TrialConfig.model_validate(data)
     except ValidationError as e:
         raise SpecError(format_validation_error(source, e)) from None
     check_metric(trial, trial.checkpoint.keep_best_by, f"{source}: checkpoint.keep_best_by")
-    check_benchmark_files(trial, source)
+    if check_files:
+        check_benchmark_files(trial, source)
     return trial
 
 
@@ -173,11 +176,11 @@ def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_trial_spec(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
+def load_trial_spec(path: str | Path, overrides: list[str] | None = None, check_files: bool = True) -> TrialConfig:
     """Read, override and validate a spec file: the one edge where input is checked."""
     data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
     data.pop("search", None)  # the sweep's section; a single trial ignores it
-    return validate_trial(data, str(path))
+    return validate_trial(data, str(path), check_files)
 
 
 # -- the sweep's `search:` section -------------------------------------------------------------------
@@ -260,14 +263,15 @@ class SearchConfig(Section):
         return self
 
 
-def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> tuple[TrialConfig, SearchConfig, dict]:
+def load_sweep_spec(path: str | Path, overrides: list[str] | None = None,
+                    check_files: bool = True) -> tuple[TrialConfig, SearchConfig, dict]:
     """(base trial, search, base trial data) from a spec with a `search:` section, all checked here:
     every searched field must make a valid trial at each bound or choice."""
     data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
     raw_search = data.pop("search", None)
     if raw_search is None:
         raise SpecError(f"{path}: search: missing; a sweep spec needs a search section (see search_spaces/ead.yaml)")
-    trial = validate_trial(data, str(path))
+    trial = validate_trial(data, str(path), check_files)
     try:
         search = SearchConfig.model_validate(raw_search)
     except ValidationError as e:
@@ -290,3 +294,22 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> tup
     check_metric(trial, search.metric, f"{path}: search.metric")
     check_metric(trial, search.second_metric, f"{path}: search.second_metric")
     return trial, search, data
+
+
+def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> str:
+    """What a spec amounts to, one line each: batch sizes, optimizer steps, GPUs (`--dry-run`)."""
+    lr, ro = trial.learner, trial.rollout
+    per_trial = trial.gpus
+    engine = ("colocated with the learner (sleep mode)" if ro.colocate else
+              f"{ro.num_gpus:g} GPU(s), tensor parallel {ro.tensor_parallel_size}" if ro.num_gpus else "CPU")
+    return "\n".join([
+        f"per RL step: {lr.prompts_per_step} prompts x {ro.group_size} rollouts = "
+        f"{lr.prompts_per_step * ro.group_size} sequences of <= {ro.max_new_tokens} new tokens, "
+        f"{lr.minibatches} optimizer step(s) of {lr.prompts_per_step // lr.minibatches} prompts",
+        f"per trial: {lr.steps} RL steps = {lr.steps * lr.minibatches} optimizer steps, "
+        f"{lr.steps * lr.prompts_per_step * ro.group_size} rollouts",
+        f"resources per trial: {lr.num_workers} learner rank(s) on {'GPUs' if lr.use_gpu else 'CPUs'} "
+        f"(ZeRO-{lr.zero_stage}), rollout engine ({ro.backend}) on {engine}: {per_trial:g} GPU(s)",
+        *([f"sweep: {search.num_samples} trials, {search.max_concurrent_trials} at once: "
+           f"{per_trial * search.max_concurrent_trials:g} GPUs busy"] if search else []),
+    ])

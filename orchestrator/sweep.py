@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
-from orchestrator.spec import SearchConfig, SpecError, apply_overrides, load_sweep_spec
+from orchestrator.spec import SearchConfig, SpecError, apply_overrides, derived_numbers, load_sweep_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from orchestrator.train import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from trainables.config import TrialConfig
@@ -173,10 +173,27 @@ def ranked_table(results, search: SearchConfig, keys: list[str], steps: int) -> 
     return table
 
 
+def gpu_bound_concurrency(trial: TrialConfig, wanted: int) -> int:
+    """Trials at once: the spec's, bounded by the GPUs the cluster has now (each trial holds `trial.gpus`)."""
+    import ray
+
+    if not trial.gpus:
+        return wanted
+    have = ray.cluster_resources().get("GPU", 0)
+    if not have:  # an autoscaling cluster adds GPU nodes as trials ask for them
+        console.print(f"no GPU in the cluster yet: {wanted} trial(s) at once, {trial.gpus:g} GPU(s) each")
+        return wanted
+    fits = max(1, int(have // trial.gpus))
+    if fits < wanted:
+        console.print(f"{fits} trial(s) at once: the cluster's {have:g} GPUs hold {fits} of {trial.gpus:g} GPU(s)")
+    return min(wanted, fits)
+
+
 def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> None:
     import optuna
 
     space, _ = optuna_space(search)
+    console.print(derived_numbers(TrialConfig.model_validate(base), search), soft_wrap=True)
     console.print(f"space: {', '.join(space) or '(fixed only)'}; fixed: {fixed or '-'}")
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=search.seed),
                                 direction="maximize" if search.mode == "max" else "minimize")
@@ -192,7 +209,7 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
 def run(spec: str, args) -> int:
     start = time.perf_counter()
     overrides = list(args.overrides)
-    base_cfg, search, base = load_sweep_spec(spec, overrides)
+    base_cfg, search, base = load_sweep_spec(spec, overrides, check_files=not args.dry_run)
     if args.num_samples:
         search.num_samples = args.num_samples
     if args.max_concurrent is not None:
@@ -223,6 +240,7 @@ def run(spec: str, args) -> int:
     console.print(f"sweep {name}{' (resumed)' if args.resume else ''}: {search.num_samples} trials, "
                   f"MLflow run {parent} in {uri}")
     init_ray(logical_cpus(base_cfg) * search.max_concurrent_trials)
+    search.max_concurrent_trials = gpu_bound_concurrency(base_cfg, search.max_concurrent_trials)
     stop = StopRequest(sweep_uri)
     stop.clear()
     stop.on_sigterm(lambda: stop_when_checkpointed(stop, tracker, parent))

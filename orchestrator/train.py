@@ -22,12 +22,12 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
-from orchestrator.spec import SpecError, load_trial_spec
+from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 from trainables.data.offline import OfflineStore
-from trainables.data.tasks import load_offline_store, load_task
+from trainables.data.tasks import load_offline_store, train_problems
 
 console = Console()
 
@@ -57,6 +57,14 @@ def logical_cpus(cfg: TrialConfig) -> int:
     return max(int(need + 0.999), os.cpu_count() or 1)
 
 
+def worker_resources(cfg: TrialConfig) -> dict[str, float]:
+    """One learner rank's resources; colocated, it leaves room on its GPU for the rollout engine."""
+    resources = {"CPU": cfg.learner.cpus_per_worker}
+    if cfg.learner.use_gpu:
+        resources["GPU"] = 1 - cfg.rollout.num_gpus if cfg.rollout.colocate else 1
+    return resources
+
+
 def init_ray(num_cpus: int) -> None:
     import ray
 
@@ -79,7 +87,7 @@ def load_offline(cfg: TrialConfig, model_path: Path) -> OfflineStore | None:
         return None
     from transformers import AutoTokenizer
 
-    train_set, _ = load_task(cfg.task, cfg.seed)
+    train_set = train_problems(cfg)
     try:
         store = load_offline_store(cfg, AutoTokenizer.from_pretrained(model_path), train_set)
     except ValueError as e:  # an empty store: the message says why every row was dropped
@@ -127,7 +135,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     from trainables.rollout.service import start_rollout_service
     from trainables.trial import train_loop_per_worker
 
-    service = start_rollout_service(cfg.rollout.backend, model_path, num_cpus=cfg.rollout.num_cpus)
+    service = start_rollout_service(cfg.rollout, model_path)
     verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:
@@ -138,7 +146,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
                                "offline_store": store, "embedding_service": embedder, "stop_file": stop_file},
             torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
-                                         resources_per_worker={"CPU": cfg.learner.cpus_per_worker}),
+                                         resources_per_worker=worker_resources(cfg)),
             run_config=RunConfig(
                 name=cfg.name,
                 storage_path=storage_uri(cfg.storage),
@@ -239,7 +247,7 @@ def export_final(cfg: TrialConfig, checkpoint, tracker: Tracker, run_id: str | N
     return out
 
 
-def best_of(sweep_dir: str, overrides: list[str]) -> TrialConfig:
+def best_of(sweep_dir: str, overrides: list[str], check_files: bool = True) -> TrialConfig:
     """The best trial of a sweep, ready for a longer final run (registered as '<sweep>-best')."""
     from orchestrator.sweep import BEST_SPEC
 
@@ -247,7 +255,7 @@ def best_of(sweep_dir: str, overrides: list[str]) -> TrialConfig:
     if not spec.is_file():
         raise SpecError(f"--best-of: no {BEST_SPEC} in {sweep_dir}; a sweep writes it when it finishes")
     name = Path(sweep_dir).resolve().name
-    return load_trial_spec(spec, [f"logging.register_as={name}-best", *overrides])
+    return load_trial_spec(spec, [f"logging.register_as={name}-best", *overrides], check_files)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,12 +267,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a spec field, e.g. --set learner.steps=10 (repeatable)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run of the same name from its latest checkpoint")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the spec (not its data files) and print what it amounts to; run nothing")
     args = parser.parse_args(argv)
     try:
         if bool(args.spec) == bool(args.best_of):
             raise SpecError("give a spec or --best-of SWEEP_DIR (one of them)")
         overrides = [*([f"learner.steps={args.steps}"] if args.steps else []), *args.overrides]  # --set wins
-        cfg = best_of(args.best_of, overrides) if args.best_of else load_trial_spec(args.spec, overrides)
+        check_files = not args.dry_run
+        cfg = (best_of(args.best_of, overrides, check_files) if args.best_of
+               else load_trial_spec(args.spec, overrides, check_files))
+        if args.dry_run:
+            console.print(derived_numbers(cfg), soft_wrap=True)
+            return 0
         metrics = run(cfg, resume=args.resume)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)

@@ -285,3 +285,20 @@ def test_empty_store_raises_one_line(max_tokens, reason):
 def test_max_tokens_must_be_positive():
     with pytest.raises(ValueError, match="max_tokens must be > 0"):
         build_store([], count_tokens=words, max_tokens=0)
+
+
+def test_offline_prompts_task_trains_on_the_teachers_questions(tmp_path):
+    from trainables.config import TrialConfig
+    from trainables.data.tasks import train_problems
+
+    path = write_jsonl(tmp_path / "teachers.jsonl", jsonl_records())
+    cfg = TrialConfig.model_validate({
+        "task": {"name": "offline_prompts", "train_size": 4},
+        "offline": {"teachers": [], "files": [{"path": str(path)}]},
+        "validation": {"benchmarks": {"aime24": str(tmp_path / "aime24.jsonl")}},
+    })
+    problems = train_problems(cfg)
+    # Distinct questions of well-formed records, in file order; each with its ground truth, capped.
+    assert [(p.question, p.answer) for p in problems] == [
+        ("What is 2+3?", "5"), ("What is 4+4?", "8"), ("What is 7*3?", "21"), ("What is 4+5?", "9")]
+    assert len({p.uid for p in problems}) == 4

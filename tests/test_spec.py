@@ -48,6 +48,11 @@ def test_shipped_spec_is_valid():
         ("validation: {benchmarks: {aime24: nowhere.jsonl}}\n", "validation.benchmarks.aime24", "nowhere.jsonl"),
         ("checkpoint: {keep_best_by: val/aime24/avg_at_2}\n", "checkpoint.keep_best_by",
          "not a validation metric of this spec"),
+        ("task: {name: offline_prompts}\n", "<top>", "offline_prompts takes its prompts from offline.files"),
+        ("rollout: {tensor_parallel_size: 2}\n", "<top>", "need rollout.backend: vllm"),
+        ("rollout: {backend: vllm, colocate: true, num_gpus: 0.3}\n", "<top>", "needs learner.use_gpu: true"),
+        ("rollout: {backend: vllm, num_gpus: 1, tensor_parallel_size: 2}\n", "<top>", "must equal rollout.tensor_parallel_size"),
+        ("model: {path: /m, preset: smollm2-135m-instruct}\n", "model", "give path or preset, not both"),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):

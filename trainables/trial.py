@@ -41,7 +41,7 @@ from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, r
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import validation_benchmarks
-from trainables.data.tasks import encode_prompt, load_task
+from trainables.data.tasks import encode_prompt, train_problems
 from trainables.data.offline import OfflineStore
 from trainables.evaluation import macro_average, metric_key
 from trainables.hybrid import HybridGroups, build_hybrid
@@ -126,7 +126,7 @@ class Trial:
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
-        self.train_set, _ = load_task(cfg.task, cfg.seed)
+        self.train_set = train_problems(cfg)
         self.val_sets, skipped = validation_benchmarks(cfg.validation, cfg.task, cfg.seed)
         for name, counts in skipped.items():
             if counts and self.rank == 0:
@@ -186,6 +186,16 @@ class Trial:
         if dist.is_initialized():
             dist.barrier()  # no rank generates before the new weights are in
 
+    def release_gpus(self) -> None:
+        """Colocated engine: once every rank has its rollouts, it sleeps and frees the GPUs for the
+        learner; the weight sync wakes it (`VLLMEngine.update_weights`)."""
+        if not self.cfg.rollout.colocate:
+            return
+        if dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0:
+            ray.get(self.service.sleep.remote())
+
     def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> RolloutBatch:
         """Rollouts from the service at the learner's weights; a lost service is re-synced and retried.
 
@@ -218,6 +228,7 @@ class Trial:
                                  self.learner.optimizer_step, seed=cfg.seed * 100_003 + step * 101 + self.rank)
             with timed(t, "generate"):
                 rollouts = self.generate(self.encode(problems), cfg.rollout.group_size, spec)
+                self.release_gpus()
             online = rollouts
             # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass.
             embeddings = (self.embedder.embed.remote(rollouts.texts, [p.question for p in problems])

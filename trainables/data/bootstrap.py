@@ -206,20 +206,47 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
 
 
 def resolve_model_path(model: ModelConfig, cache_dir: str) -> Path:
-    """The policy's model folder: the spec's, checked, or its preset's, built on first use."""
+    """The policy's model folder: the spec's, checked, or its preset's, built on first use; with
+    `model.config_overrides`, a cached copy whose config.json has them."""
     if model.path is None and model.preset == "tiny":
-        return ensure_tiny_model(model.tiny, cache_dir)
-    if model.path is None:
+        folder = ensure_tiny_model(model.tiny, cache_dir)
+    elif model.path is None:
         from trainables.data.pretrained import ensure_smollm2  # the one other preset
 
-        return ensure_smollm2(cache_dir)
-    folder = Path(model.path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path: {folder} is not a Hugging Face model folder (no config.json); "
-            "point it at a saved model or set it to null for the embedded tiny model"
-        )
-    return folder
+        folder = ensure_smollm2(cache_dir)
+    else:
+        folder = Path(model.path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path: {folder} is not a Hugging Face model folder (no config.json); "
+                "point it at a saved model or set it to null for the embedded tiny model"
+            )
+    return with_config_overrides(folder, model.config_overrides, cache_dir) if model.config_overrides else folder
+
+
+def merged(base: dict, overrides: dict) -> dict:
+    """`overrides` laid over `base`, nested sections key by key ({"rope_parameters": {"rope_theta": x}})."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def with_config_overrides(folder: Path, overrides: dict, cache_dir: str | Path) -> Path:
+    """A copy of a model folder with `overrides` laid over its config.json; the other files are
+    symbolic links, so the weights are not copied."""
+    folder = folder.resolve()
+    key = hashlib.sha256(json.dumps({"folder": str(folder), "overrides": overrides}, sort_keys=True).encode())
+
+    def build(staging: Path) -> None:
+        staging.mkdir(parents=True)
+        for item in folder.iterdir():
+            if item.name != "config.json":
+                (staging / item.name).symlink_to(item)
+        config = json.loads((folder / "config.json").read_text())
+        (staging / "config.json").write_text(json.dumps(merged(config, overrides), indent=2))
+
+    return build_once(Path(cache_dir) / "models" / f"{folder.name}-config-{key.hexdigest()[:12]}", build)
 
 
 def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):

@@ -14,6 +14,19 @@ def load_task(cfg: TaskConfig, seed: int) -> tuple[list[Problem], list[Problem]]
     return make_splits(seed, cfg.levels, train_size=cfg.train_size, val_size=cfg.val_size)
 
 
+def train_problems(cfg: TrialConfig) -> list[Problem]:
+    """The trial's training prompts: the built-in task's train split, or the distinct questions of the
+    offline files with their ground truths (the first task.train_size, in file order)."""
+    if cfg.task.name == "arithmetic":
+        return load_task(cfg.task, cfg.seed)[0]
+    answers: dict[str, str] = {}
+    for source in cfg.offline.files:
+        for row in read_rows(source.path, source.columns)[0]:
+            answers.setdefault(row["question"].strip(), row["answer"].strip())  # as the store keys them
+    questions = list(answers)[: cfg.task.train_size]
+    return [Problem(f"offline-{i}", question, answers[question], level=0) for i, question in enumerate(questions)]
+
+
 def encode_prompt(tokenizer, problem: Problem) -> list[int]:
     """Token ids of the chat prompt, ending where the assistant starts to write."""
     ids = tokenizer.apply_chat_template(prompt_messages(problem), add_generation_prompt=True, tokenize=True)

