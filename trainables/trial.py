@@ -33,6 +33,7 @@ import pyarrow.fs
 import ray
 import torch
 import torch.distributed as dist
+from ray.train.torch import get_device
 
 from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
@@ -132,7 +133,9 @@ class Trial:
             if counts and self.rank == 0:
                 print(f"[trial {cfg.name}] validation {name}: skipped {sum(counts.values())} rows {dict(counts)}")
         self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
-        self.learner = Learner(model_path, cfg, world_size=self.world)
+        # On GPUs, the device Ray Train gave this rank (it sets CUDA_VISIBLE_DEVICES and the local rank).
+        device = str(get_device()) if cfg.learner.use_gpu else "cpu"
+        self.learner = Learner(model_path, cfg, world_size=self.world, device=device)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

