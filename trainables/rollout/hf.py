@@ -90,17 +90,8 @@ class HFEngine:
             responses.append(row[:length])
             logprobs.append(row_logp[:length])
             reasons.append("stop" if eos in row else "length")
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        return RolloutBatch(
-            prompt_ids=[list(p) for p in prompts],
-            response_ids=responses,
-            behaviour_logprobs=logprobs,
-            texts=texts,
-            finish_reasons=reasons,
-            n=n,
-            weight_version=self.weight_version,
-            timings={"generate": time.perf_counter() - start},
-        )
+        return RolloutBatch.decoded(self.tokenizer, prompts, responses, logprobs, reasons, n, self.weight_version,
+                                    {"generate": time.perf_counter() - start})
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load a full state dict (names as in the learner's module) and record its version."""

@@ -243,17 +243,8 @@ class VLLMEngine:
                 # "stop": an EOS ended it (no stop strings are set; vLLM also stops at the extra EOS
                 # ids of the model's generation_config.json); "length": max_new_tokens or max_model_len.
                 reasons.append(completion.finish_reason)
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        return RolloutBatch(
-            prompt_ids=[list(p) for p in prompts],
-            response_ids=responses,
-            behaviour_logprobs=logprobs,
-            texts=texts,
-            finish_reasons=reasons,
-            n=n,
-            weight_version=self.weight_version,
-            timings={"generate": time.perf_counter() - start},
-        )
+        return RolloutBatch.decoded(self.tokenizer, prompts, responses, logprobs, reasons, n, self.weight_version,
+                                    {"generate": time.perf_counter() - start})
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load a full state dict (names as in the learner's HF module) and record its version."""
