@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     model = random_tiny_qwen2(work / "tiny-qwen2-random")
     placement = (["learner.use_gpu=false"] if args.cpu else
                  ["learner.use_gpu=true", "rollout.num_gpus=1"] if args.separate else
-                 ["learner.use_gpu=true", "rollout.colocate=true", "rollout.num_gpus=0.4"])
+                 ["learner.use_gpu=true", "rollout.colocate=true", "rollout.num_gpus=0.4",
+                  "rollout.gpu_memory_utilization=0.4"])  # the learner keeps its share while vLLM is awake
     cfg = load_trial_spec(REPO / "search_spaces" / "ead.yaml", [
         f"model.path={model}", f"storage={work / 'runs'}", f"cache_dir={work / 'cache'}", "rollout.backend=vllm",
         f"learner.steps={STEPS}", "learner.num_workers=1", "validation.every=0", "logging.report_every=1",

@@ -141,7 +141,8 @@ class RolloutConfig(Section):
         "fraction of a learner's GPU with colocate; 0: on CPUs.")
     tensor_parallel_size: PositiveInt = Field(1, description="vllm: GPUs one engine shards the model over.")
     gpu_memory_utilization: float = Field(
-        0.85, gt=0, le=1, description="vllm: share of its GPUs' memory for weights and KV cache.")
+        0.85, gt=0, le=1, description="vllm: share of its GPUs' memory for weights and KV cache (colocated: "
+        "leave the learner its share, e.g. 0.4).")
     colocate: bool = Field(
         False, description="vllm: share the learner's GPUs; the engine sleeps (frees its GPU memory) while "
         "the learner trains and wakes for the weight sync and rollouts (vLLM sleep mode, GPUs only).")
