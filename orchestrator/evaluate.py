@@ -31,11 +31,10 @@ from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, saved_world_size
 from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, TrialConfig
-from trainables.data.benchmarks import (BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem,
-                                        builtin_validation, load_benchmark)
+from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, load_benchmarks
 from trainables.data.bootstrap import resolve_model_path
 from trainables.data.tasks import encode_prompt
-from trainables.evaluation import ANSWER_FORMATS, judge, macro_average, metric_key, summarize
+from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 from trainables.rollout.types import SamplingSpec
 
 console = Console()
@@ -75,26 +74,24 @@ def decodings(args) -> list[Decoding]:
 
 def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str, list[BenchmarkProblem]]:
     """"aime24=/data/aime24.parquet,arithmetic" -> {name: problems}; skipped rows are printed."""
-    out = {}
+    files = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, path = item.partition("=")
-        if name == BUILTIN:
-            out[name] = builtin_validation(cfg.task, cfg.seed)[:limit]
-            continue
-        if name not in BENCHMARK_NAMES:
+        if name != BUILTIN and name not in BENCHMARK_NAMES:
             raise SpecError(f"--benchmarks: unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
-        if not path:
+        if name != BUILTIN and not path:
             raise SpecError(f"--benchmarks: {name} needs its file, as {name}=PATH")
-        try:
-            problems, skipped = load_benchmark(name, path, limit=limit, seed=cfg.seed)
-        except BenchmarkError as e:
-            raise SpecError(f"--benchmarks: {e}") from None
-        if skipped:
-            console.print(f"{name}: skipped {sum(skipped.values())} rows ({dict(skipped)})")
-        out[name] = problems
-    if not out:
+        files[name] = path or None
+    if not files:
         raise SpecError("--benchmarks: name at least one benchmark, e.g. arithmetic or math500=FILE")
-    return out
+    try:
+        sets, skipped = load_benchmarks(files, cfg.task, cfg.seed, limit)
+    except BenchmarkError as e:
+        raise SpecError(f"--benchmarks: {e}") from None
+    for name, counts in skipped.items():
+        if counts:
+            console.print(f"{name}: skipped {sum(counts.values())} rows ({dict(counts)})")
+    return sets
 
 
 def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
@@ -191,9 +188,7 @@ def run(args) -> dict:
                                          title=f"{mode.label} {name} ({len(problems)} problems x {args.samples})")
                     results[mode.label][name], per_problem[mode.label][name] = row, rows
                 if len(benchmarks) > 1:
-                    keys = next(iter(results[mode.label].values()))
-                    results[mode.label]["macro"] = {k: macro_average({b: r[k] for b, r in results[mode.label].items()})
-                                                    for k in keys}
+                    results[mode.label]["macro"] = macro_row(results[mode.label])
     finally:
         ray.kill(service)
     console.print(results_table(results))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
@@ -223,6 +223,11 @@ def macro_average(per_benchmark: dict[str, float]) -> float:
     if not per_benchmark:
         raise ValueError("per_benchmark is empty; pass at least one benchmark's score")
     return sum(per_benchmark.values()) / len(per_benchmark)
+
+
+def macro_row(rows: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Key by key, the unweighted mean of the benchmarks' rows (the keys of the first row)."""
+    return {key: macro_average({name: row[key] for name, row in rows.items()}) for key in next(iter(rows.values()))}
 
 
 def summary_keys(k: int) -> list[str]:

@@ -41,10 +41,10 @@ from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, r
                                    set_rng_state, write_manifest)
 from trainables.config import DecodingConfig, TrialConfig
 from trainables.data.arithmetic import Problem
-from trainables.data.benchmarks import validation_benchmarks
+from trainables.data.benchmarks import load_benchmarks
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.data.offline import OfflineStore
-from trainables.evaluation import macro_average, metric_key
+from trainables.evaluation import macro_row, metric_key
 from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
@@ -128,7 +128,8 @@ class Trial:
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
         self.train_set = train_problems(cfg)
-        self.val_sets, skipped = validation_benchmarks(cfg.validation, cfg.task, cfg.seed)
+        self.val_sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.seed,
+                                                 cfg.validation.num_prompts)
         for name, counts in skipped.items():
             if counts and self.rank == 0:
                 print(f"[trial {cfg.name}] validation {name}: skipped {sum(counts.values())} rows {dict(counts)}")
@@ -383,8 +384,7 @@ class Trial:
             summaries[name] = {**ray.get(self.verifier.summarize.remote(correct, answers, golds)),
                                "response_length": sum(tokens) / (k * len(group))}
         if len(summaries) > 1:
-            summaries["macro"] = {key: macro_average({n: s[key] for n, s in summaries.items()})
-                                  for key in next(iter(summaries.values()))}
+            summaries["macro"] = macro_row(summaries)
         for name, summary in summaries.items():
             metrics.update({f"val/{name}/{metric_key(key)}": value for key, value in summary.items()})
         every = [s for name, s in summaries.items() if name != "macro"]

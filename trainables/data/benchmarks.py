@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from trainables.config import TaskConfig, ValidationConfig
+    from trainables.config import TaskConfig
 
 BUILTIN = "arithmetic"  # the built-in task's validation split; it has no file
 LETTERS = string.ascii_uppercase  # option letters; MMLU-Pro uses up to J
@@ -345,14 +345,14 @@ def builtin_validation(task_cfg: TaskConfig, seed: int) -> list[BenchmarkProblem
     return [BenchmarkProblem(f"{BUILTIN}-{problem.uid}", problem.question, problem.answer) for problem in val]
 
 
-def validation_benchmarks(validation: ValidationConfig, task_cfg: TaskConfig,
-                          seed: int) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
-    """A trial's validation sets, each its first `validation.num_prompts` problems, and the rows
-    skipped in each file (its reasons counted)."""
+def load_benchmarks(files: Mapping[str, str | None], task_cfg: TaskConfig, seed: int,
+                    limit: int | None = None) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
+    """{name: its first `limit` problems} for {name: file} (`arithmetic`: the built-in split, no file),
+    and the rows skipped in each file (its reasons counted)."""
     sets, skipped = {}, {}
-    for name, path in validation.benchmarks.items():
+    for name, path in files.items():
         if name == BUILTIN:
-            sets[name], skipped[name] = builtin_validation(task_cfg, seed)[: validation.num_prompts], Counter()
+            sets[name], skipped[name] = builtin_validation(task_cfg, seed)[:limit], Counter()
         else:
-            sets[name], skipped[name] = load_benchmark(name, path, limit=validation.num_prompts, seed=seed)
+            sets[name], skipped[name] = load_benchmark(name, path, limit=limit, seed=seed)
     return sets, skipped
