@@ -160,8 +160,8 @@ def test_rollout_service_then_learner_worker_killed_mid_trial(reference, tmp_pat
     restarted = list_actors(filters=[("class_name", "=", "RolloutService")], detail=True)
     assert any(a.num_restarts >= 1 for a in restarted)
     recorded = fault_metrics(tmp_path)
-    assert max(recorded["faults/service_losses"]) >= 1
-    # One resume, from the learner's loss alone; it redid at most the steps since the last checkpoint.
+    # No service_losses assertion: a kill between a step's rollouts and its weight push costs nothing
+    # (the push reaches the restarted actor) and is rightly not counted. One resume, from the learner's loss alone; it redid at most the steps since the last checkpoint.
     assert len(recorded["faults/resumed_from_step"]) == 1 and max(recorded["faults/redone_steps"]) <= EVERY
 
 
