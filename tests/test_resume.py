@@ -161,7 +161,8 @@ def test_rollout_service_then_learner_worker_killed_mid_trial(reference, tmp_pat
     assert any(a.num_restarts >= 1 for a in restarted)
     recorded = fault_metrics(tmp_path)
     # No service_losses assertion: a kill between a step's rollouts and its weight push costs nothing
-    # (the push reaches the restarted actor) and is rightly not counted. One resume, from the learner's loss alone; it redid at most the steps since the last checkpoint.
+    # (the push reaches the restarted actor) and is rightly not counted.
+    # One resume, from the learner's loss alone; it redid at most the steps since the last checkpoint.
     assert len(recorded["faults/resumed_from_step"]) == 1 and max(recorded["faults/redone_steps"]) <= EVERY
 
 
