@@ -55,6 +55,7 @@ from trainables.step_log import StepLogger
 
 SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails
 SERVICE_RESTART_TIMEOUT_S = 300
+SERVICE_RETRY_PAUSE_S = 2.0  # a restarting actor refuses calls at once (ActorUnavailableError): wait, then push
 VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)
 LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
 
@@ -175,18 +176,19 @@ class Trial:
         state = self.learner.full_state_dict()  # collective under ZeRO-3
         self.weight_version = self.learner.optimizer_step
         if self.rank == 0:
-            ref = ray.put(state)
-            for attempt in range(SERVICE_RETRIES + 1):
-                try:  # a restarting service queues the call and serves it from its new process
+            ref, deadline = ray.put(state), time.monotonic() + SERVICE_RESTART_TIMEOUT_S
+            while True:
+                try:
                     ray.get(self.service.update_weights.remote([ref], self.weight_version),
                             timeout=SERVICE_RESTART_TIMEOUT_S)
                     break
-                except ray.exceptions.RayActorError as e:  # it died during the update: push again
+                except ray.exceptions.RayActorError as e:  # dead or restarting: push again once it is back
                     self.service_losses += 1
-                    if attempt == SERVICE_RETRIES:
+                    if time.monotonic() > deadline:
                         raise
                     print(f"[trial {self.cfg.name}] rollout service lost during a weight update ({e}); "
                           f"pushing again", flush=True)
+                    time.sleep(SERVICE_RETRY_PAUSE_S)
         if dist.is_initialized():
             dist.barrier()  # no rank generates before the new weights are in
 
