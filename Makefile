@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 VLLM_VENV ?= .venv-vllm
 VPY       := $(VLLM_VENV)/bin/python
 
-.PHONY: setup sweep train test test-vllm bench clean
+.PHONY: setup sweep train test test-vllm bench bench-quick bench-vllm clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,16 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VPY) -m pytest -o addopts=-ra tests/vllm_backend
 
+# The system's own costs as ratios with targets (docs/performance.md); --quick is CI's reduced run.
 bench: setup
 	$(PY) -m bench
+
+bench-quick: setup
+	$(PY) -m bench --quick
+
+# EAD's cost in the vLLM engine (and the HF rows again), in the vLLM environment.
+bench-vllm: $(VLLM_VENV)/.installed
+	$(VPY) -m bench --quick --only engines
 
 clean:
 	rm -rf runs .cache

@@ -1,114 +1,177 @@
-"""python -m bench [SPEC] [--steps N] [--algorithms grpo,luffy,oger]: where a trial's time goes.
+"""python -m bench [--quick] [--only SECTIONS] [--set KEY=VALUE ...]: the system's own costs, as ratios.
 
-Default: one trial of the spec (search_spaces/ead.yaml); its per-step timings are read back from
-MLflow and printed as shares of the step (generate, score, old-logprob, offline mixing, update,
-weight sync) and of the loop's wall time (`ray.train.report`, a barrier on every rank).
+Every row is a ratio measured side by side in this run (absolute times on a shared machine are
+noise), checked against its target, printed as one table and written as JSON:
 
---algorithms: one trial per algorithm preset, same spec, seed and steps, run one after the other
-in one process (one Ray cluster), and the ratios of their mean steady-state step times (the OGER
-paper's Table 4 compares GPU-hours: OGER 168 : Luffy 120 : GRPO 75).
+  sweep    peak memory (PSS) of the default sweep, `python -m orchestrator.sweep SPEC`, run whole;
+  engines  EAD over fixed-temperature generation per backend, the rollout service actor over the
+           same engine called in-process;
+  trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
+           wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios.
+
+--quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
+full run takes about 10 minutes on 2 cores. docs/performance.md explains the cost model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import train
-from orchestrator.spec import load_trial_spec
-from orchestrator.tracking import Tracker
-
-PHASES = ("generate", "score", "old_logprob", "offline", "update", "sync")
-STORAGE = "runs/bench"
-
-
-def run_trial(spec: str, steps: int, overrides: list[str]) -> tuple[dict[str, dict[int, float]], float]:
-    """Run one trial; return its per-step timings {phase: {mlflow step: seconds}} and its wall time."""
-    name = f"bench-{time.time_ns()}"
-    cfg = load_trial_spec(spec, [f"learner.steps={steps}", f"name={name}", "validation.every=0",
-                                 f"storage={STORAGE}", *overrides])
-    start = time.perf_counter()
-    train.run(cfg)
-    wall = time.perf_counter() - start
-    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
-    run = tracker.client.search_runs([tracker.experiment_id], f"attributes.run_name = '{name}'")[0]
-    return {k: dict(tracker.metric_history(run.info.run_id, f"timing/{k}"))
-            for k in (*PHASES, "step", "report")}, wall
+SECTIONS = ("sweep", "engines", "trials")
+ALGORITHMS = ("grpo", "luffy", "oger")
+# row -> (direction, target); None: reported, no target
+TARGETS: dict[str, tuple[str, float] | None] = {
+    "orchestration overhead (steady wall / compute)": ("<=", 1.05),
+    "trial start-up (s)": ("<=", 30.0),
+    "step time oger / luffy": ("<=", 1.10),
+    "step time luffy / grpo": None,
+    "step time oger / grpo": None,
+    "generation EAD / fixed, hf": ("<=", 1.03),
+    "generation EAD / fixed, vllm": ("<=", 1.03),
+    "throughput service / direct, hf": (">=", 0.95),
+    "weight sync / step": ("<=", 0.05),
+    "checkpoint / its interval": ("<=", 0.05),
+    "report + logging / wall": ("<=", 0.02),
+    "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
+}
+console = Console()
 
 
-def phase_figures(history: dict[str, dict[int, float]], steps: int) -> dict:
-    """Shares of the steady state: steps 3..steps-1 (the first two warm caches, the last checkpoints)."""
-    steady = range(3, steps)
-    step_total = sum(history["step"][s] for s in steady)
-    shares = {f"{p} / step": sum(history[p].get(s, 0.0) for s in steady) / step_total for p in PHASES}
-    shares["other / step"] = 1.0 - sum(shares.values())
-    reports = [history["report"][s] for s in steady if s in history["report"]]
-    loop_wall = step_total + sum(reports)
-    shares["ray.train.report / loop wall"] = sum(reports) / loop_wall
-    shares["weight sync / loop wall"] = sum(history["sync"][s] for s in steady) / loop_wall
-    return {"shares": shares, "mean_step_s": step_total / len(steady),
-            "mean_report_call_s": sum(reports) / max(len(reports), 1), "reports": len(reports)}
+def verdict(row: str, value: float | str) -> str:
+    target = TARGETS[row]
+    if target is None or isinstance(value, str):
+        return "-"
+    direction, limit = target
+    return "PASS" if (value <= limit if direction == "<=" else value >= limit) else "FAIL"
 
 
-def print_phases(figures: dict, title: str) -> None:
+def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
+    from bench.memory import peak_memory
+
+    command = [sys.executable, "-m", "orchestrator.sweep", spec, "--storage", str(storage),
+               "--name", f"sweep-{time.time_ns()}"]
+    if quick:
+        command += ["--num-samples", "1", "--set", "learner.steps=3"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own cluster: all of it is measured
+    console.print(f"[bold]sweep[/bold]: {' '.join(command[1:])}")
+    figures = peak_memory(command, env=env)
+    if figures["exit_code"]:
+        raise SystemExit(f"bench: the sweep failed (exit {figures['exit_code']})")
+    return {"default sweep peak memory, PSS (GiB)": figures["peak_pss_gib"]}, figures
+
+
+def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
+    from bench.engines import hf_figures, vllm_figures
+
+    repeats = 2 if quick else 6
+    console.print(f"[bold]engines[/bold]: {repeats} interleaved calls per variant")
+    hf, vllm = hf_figures(cfg, repeats), vllm_figures(cfg, repeats)
+    rows = {"generation EAD / fixed, hf": hf["ead_over_fixed"],
+            "generation EAD / fixed, vllm": vllm if isinstance(vllm, str) else vllm["ead_over_fixed"],
+            "throughput service / direct, hf": hf["service_over_direct"]}
+    return rows, {"hf": hf, "vllm": vllm}
+
+
+def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tuple[dict, dict]:
+    from bench.trials import algorithm_ratios
+
+    console.print(f"[bold]trials[/bold]: {', '.join(ALGORITHMS)}, {steps} steps each")
+    figures, ratios = algorithm_ratios(spec, str(storage), steps, overrides, ALGORITHMS)
+    main = figures[ALGORITHMS[0]]
+    rows = {"orchestration overhead (steady wall / compute)": main["overhead"],
+            "trial start-up (s)": main["startup_s"],
+            **{f"step time {key}": value for key, value in ratios.items()},
+            "weight sync / step": main["sync_share_of_step"],
+            "checkpoint / its interval": main["checkpoint_share_of_interval"],
+            "report + logging / wall": main["report_logging_share_of_wall"]}
+    return rows, {"algorithms": figures, "ratios": ratios}
+
+
+def print_table(rows: dict, title: str) -> None:
     table = Table(title=title)
-    table.add_column("share")
-    table.add_column("value", justify="right")
-    for key, value in figures["shares"].items():
-        table.add_row(key, f"{value:.1%}")
-    table.add_row("mean step (s)", f"{figures['mean_step_s']:.2f}")
-    table.add_row(f"one ray.train.report call (s), {figures['reports']} calls", f"{figures['mean_report_call_s']:.3f}")
-    table.add_row("trial wall incl. start-up (s)", f"{figures['trial_wall_s']:.1f}")
-    Console().print(table)
+    for column, justify in (("row", "left"), ("value", "right"), ("target", "right"), ("", "left")):
+        table.add_column(column, justify=justify)
+    for row in TARGETS:
+        if row in rows:
+            value, target = rows[row], TARGETS[row]
+            shown = value if isinstance(value, str) else f"{value:.3f}"
+            table.add_row(row, shown, f"{target[0]} {target[1]:g}" if target else "", verdict(row, value))
+    console.print(table)
 
 
-def compare_algorithms(spec: str, steps: int, overrides: list[str], algorithms: list[str]) -> dict:
-    per_algo = {}
-    for algo in algorithms:
-        history, wall = run_trial(spec, steps, [*overrides, f"algorithm.name={algo}"])
-        per_algo[algo] = {**phase_figures(history, steps), "trial_wall_s": wall}
-    base = per_algo[algorithms[0]]["mean_step_s"]
-    table = Table(title=f"{spec}, {steps} steps per algorithm, steady-state step time")
-    for column in ("algorithm", "mean step (s)", f"/ {algorithms[0]}", "offline mixing / step"):
-        table.add_column(column, justify="right")
-    for algo, fig in per_algo.items():
-        table.add_row(algo, f"{fig['mean_step_s']:.2f}", f"{fig['mean_step_s'] / base:.2f}",
-                      f"{fig['shares']['offline / step']:.1%}")
-    Console().print(table)
-    ratios = {f"{a} / {b}": per_algo[a]["mean_step_s"] / per_algo[b]["mean_step_s"]
-              for i, a in enumerate(algorithms) for b in algorithms[:i]}
-    for key, value in ratios.items():
-        print(f"step time {key}: {value:.2f}")
-    return {"algorithms": per_algo, "ratios": ratios}
+def print_phases(figures: dict) -> None:
+    table = Table(title="steady-state step, share of each phase")
+    table.add_column("phase")
+    for algorithm in figures:
+        table.add_column(algorithm, justify="right")
+    phases = next(iter(figures.values()))["phase_share_of_step"]
+    for phase in phases:
+        table.add_row(phase, *(f"{f['phase_share_of_step'][phase]:.1%}" for f in figures.values()))
+    table.add_row("mean step (s)", *(f"{f['mean_step_s']:.2f}" for f in figures.values()))
+    console.print(table)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="?", default="search_spaces/ead.yaml")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--algorithms", help="comma-separated presets to compare, e.g. grpo,luffy,oger")
-    parser.add_argument("--out", default=f"{STORAGE}/bench.json")
+    parser.add_argument("--quick", action="store_true", help="the reduced run (CI): fewer steps and repeats")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
+    parser.add_argument("--steps", type=int, help="RL steps per trial (default 12; --quick 5)")
+    parser.add_argument("--storage", default="runs/bench", help="where the bench's runs and JSON go")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field, as in orchestrator.train")
-    args = parser.parse_args()
-    if args.steps < 5:
-        parser.error("--steps must be >= 5: steps 3..N-1 are the steady state")
-    if args.algorithms:
-        figures = compare_algorithms(args.spec, args.steps, args.overrides, args.algorithms.split(","))
-    else:
-        history, wall = run_trial(args.spec, args.steps, args.overrides)
-        figures = {**phase_figures(history, args.steps), "trial_wall_s": wall}
-        print_phases(figures, f"one trial of {args.spec}, {args.steps} steps, steady state: steps 3-{args.steps - 1}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(figures, indent=2))
-    print(f"written: {args.out}")
+                        help="override a spec field of the trials and engines, as in orchestrator.train")
+    args = parser.parse_args(argv)
+    sections = args.only.split(",")
+    if unknown := set(sections) - set(SECTIONS):
+        parser.error(f"--only: unknown section(s) {sorted(unknown)}; expected some of {SECTIONS}")
+    steps = args.steps or (5 if args.quick else 12)
+    if steps < 5:
+        parser.error("--steps must be >= 5: two warm-up steps, a steady state, a final step")
+
+    from orchestrator.spec import SpecError, load_trial_spec
+
+    try:
+        cfg = load_trial_spec(args.spec, args.overrides)
+    except SpecError as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        return 2
+    storage = Path(args.storage).resolve() / time.strftime("%Y%m%d-%H%M%S")
+    storage.mkdir(parents=True, exist_ok=True)
+    rows, details = {}, {}
+    start = time.perf_counter()
+    for section in SECTIONS:  # the sweep first: it starts (and stops) its own Ray cluster
+        if section not in sections:
+            continue
+        if section == "sweep":
+            found, details["sweep"] = sweep_rows(args.spec, storage / "sweep", args.quick)
+        elif section == "engines":
+            found, details["engines"] = engine_rows(cfg, args.quick)
+        else:
+            found, details["trials"] = trial_rows(args.spec, storage / "trials", steps, args.overrides)
+        rows.update(found)
+    machine = f"{platform.node()}, {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}"
+    title = f"python -m bench{' --quick' if args.quick else ''} {args.spec}, seed {cfg.seed}, {machine}"
+    if "trials" in details:
+        print_phases(details["trials"]["algorithms"])
+    print_table(rows, title)
+    record = {"title": title, "seed": cfg.seed, "quick": args.quick, "steps": steps,
+              "seconds": time.perf_counter() - start,
+              "rows": {row: {"value": value, "target": TARGETS[row], "verdict": verdict(row, value)}
+                       for row, value in rows.items()}, "details": details}
+    (storage / "bench.json").write_text(json.dumps(record, indent=2, default=str))
+    console.print(f"written: {storage / 'bench.json'} ({record['seconds']:.0f} s)")
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the guard also keeps vLLM's spawned workers from rerunning the bench
+    sys.exit(main())

@@ -301,7 +301,7 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
     lr, ro = trial.learner, trial.rollout
     per_trial = trial.gpus
     engine = ("colocated with the learner (sleep mode)" if ro.colocate else
-              f"{ro.num_gpus:g} GPU(s), tensor parallel {ro.tensor_parallel_size}" if ro.num_gpus else "CPU")
+              f"{ro.num_gpus:g} GPU(s) each, tensor parallel {ro.tensor_parallel_size}" if ro.num_gpus else "CPU")
     return "\n".join([
         f"per RL step: {lr.prompts_per_step} prompts x {ro.group_size} rollouts = "
         f"{lr.prompts_per_step * ro.group_size} sequences of <= {ro.max_new_tokens} new tokens, "
@@ -309,7 +309,8 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
         f"per trial: {lr.steps} RL steps = {lr.steps * lr.minibatches} optimizer steps, "
         f"{lr.steps * lr.prompts_per_step * ro.group_size} rollouts",
         f"resources per trial: {lr.num_workers} learner rank(s) on {'GPUs' if lr.use_gpu else 'CPUs'} "
-        f"(ZeRO-{lr.zero_stage}), rollout engine ({ro.backend}) on {engine}: {per_trial:g} GPU(s)",
+        f"(ZeRO-{lr.zero_stage}), {ro.num_engines} rollout engine(s) ({ro.backend}) on {engine}: "
+        f"{per_trial:g} GPU(s)",
         *([f"sweep: {search.num_samples} trials, {search.max_concurrent_trials} at once: "
            f"{per_trial * search.max_concurrent_trials:g} GPUs busy"] if search else []),
     ])

@@ -53,7 +53,7 @@ def logical_cpus(cfg: TrialConfig) -> int:
     Rollout and learner phases alternate, so oversubscribing the cores is cheap; without it a
     2-core machine cannot even place one worker group (RESEARCH.md, Ray).
     """
-    need = cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus + 1
+    need = cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus * cfg.rollout.num_engines + 1
     return max(int(need + 0.999), os.cpu_count() or 1)
 
 
@@ -126,24 +126,28 @@ def start_verifier():
 
 
 def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,
-              run_callbacks: list | None = None, stop_file: str | None = None):
-    """Start the trial's rollout service (and encoder), run the Ray Train loop, return the `Result`."""
+              run_callbacks: list | None = None, stop_file: str | None = None, started_at: float | None = None):
+    """Start the trial's rollout engines (and encoder), run the Ray Train loop, return the `Result`.
+
+    `started_at` (time.time()) is where the trial's start-up began, for its `timing/startup`.
+    """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trainables.rollout.service import start_rollout_service
+    from trainables.rollout.service import start_rollout_engines
     from trainables.trial import train_loop_per_worker
 
-    service = start_rollout_service(cfg.rollout, model_path)
+    engines, engine_group = start_rollout_engines(cfg.rollout, model_path)
     verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
-                               "rollout_service": service, "verifier": verifier, "tracking": tracking,
-                               "offline_store": store, "embedding_service": embedder, "stop_file": stop_file},
+                               "rollout_engines": engines, "verifier": verifier, "tracking": tracking,
+                               "offline_store": store, "embedding_service": embedder, "stop_file": stop_file,
+                               "started_at": started_at or time.time()},
             torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker=worker_resources(cfg)),
@@ -161,9 +165,11 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
         )
         return trainer.fit()
     finally:
-        for actor in (service, verifier, embedder):
+        for actor in (*engines, verifier, embedder):
             if actor is not None:
                 ray.kill(actor)
+        if engine_group is not None:
+            ray.util.remove_placement_group(engine_group)
 
 
 def storage_uri(storage: str) -> str:
@@ -203,6 +209,7 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     if store is not None:
         tracker.log_offline_store(run_id, store)
     console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
+    started_at = time.time()  # start-up: Ray, the engines, the worker group, DeepSpeed
     init_ray(logical_cpus(cfg))
     stop = StopRequest(f"{cfg.storage}/{cfg.name}")
     stop.clear()
@@ -211,7 +218,7 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     state = "errored"
     try:
         result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store,
-                           stop_file=stop.uri)
+                           stop_file=stop.uri, started_at=started_at)
         if result.error:
             raise result.error
         metrics = dict(result.metrics or {})

@@ -167,6 +167,24 @@ def test_rollout_service_then_learner_worker_killed_mid_trial(reference, tmp_pat
 
 
 @pytest.mark.slow
+def test_two_data_parallel_engines_reproduce_the_one_engine_history(reference, tmp_path):
+    from ray.util.state import list_actors, list_tasks
+
+    def engines():
+        return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "RolloutService")], detail=True)}
+
+    before = engines()
+    train.run(trial_cfg(tmp_path, "rollout.num_engines=2"))
+    new = [a for key, a in engines().items() if key not in before]
+    # Each rank generated on its own engine with its own seed: the results are the one-engine run's.
+    assert history(tmp_path) == reference
+    assert len(new) == 2 and new[0].placement_group_id and new[0].placement_group_id == new[1].placement_group_id
+    served = {t.actor_id for t in list_tasks(filters=[("func_or_class_name", "=", "RolloutService.generate")],
+                                             detail=True, limit=10_000)}
+    assert {a.actor_id for a in new} <= served  # both engines generated
+
+
+@pytest.mark.slow
 def test_deadline_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tiny_model_path, tmp_path):
     final = train.run(trial_cfg(tmp_path, "checkpoint.save_by=2000-01-01T00:00:00"))  # long past
     assert final["progress/preempted"] == 1 and final["progress/step"] == 1  # the first boundary

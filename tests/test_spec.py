@@ -53,6 +53,8 @@ def test_shipped_spec_is_valid():
         ("rollout: {backend: vllm, colocate: true, num_gpus: 0.3}\n", "<top>", "needs learner.use_gpu: true"),
         ("rollout: {backend: vllm, num_gpus: 1, tensor_parallel_size: 2}\n", "<top>", "must equal rollout.tensor_parallel_size"),
         ("model: {path: /m, preset: smollm2-135m-instruct}\n", "model", "give path or preset, not both"),
+        ("rollout: {num_engines: 3}\nlearner: {num_workers: 2}\n", "<top>", "rollout.num_engines (3) must be <= "
+         "learner.num_workers (2)"),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):

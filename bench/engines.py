@@ -1,0 +1,108 @@
+"""Generation costs, side by side in one process on one batch: EAD against a fixed temperature (per
+backend), and the rollout service actor against the same engine called in this process.
+
+The batch is one learner rank's share of a step of the spec (its prompts x group size, its token cap).
+Variants alternate call by call and the median of each is compared, so a noisy neighbour hits both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+from trainables.config import TrialConfig
+from trainables.data.bootstrap import resolve_model_path
+from trainables.data.tasks import encode_prompt, train_problems
+from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.trial import sampling_spec
+
+
+def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, SamplingSpec, SamplingSpec]:
+    """(model folder, one rank's prompts, n, the spec's EAD sampling, fixed T = 1 with the same cap)."""
+    from transformers import AutoTokenizer
+
+    model_path = str(resolve_model_path(cfg.model, cfg.cache_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    per_rank = cfg.learner.prompts_per_step // cfg.learner.num_workers
+    prompts = [encode_prompt(tokenizer, p) for p in train_problems(cfg)[:per_rank]]
+    ead = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step=0, seed=cfg.seed)
+    if ead.schedule != "ead":
+        ead = replace(ead, schedule="ead", params=cfg.rollout.decoding.ead.model_dump())
+    fixed = replace(ead, schedule="fixed", params={"temperature": 1.0})
+    return model_path, prompts, cfg.rollout.group_size, ead, fixed
+
+
+def seconds_per_token(generate, prompts, n, spec: SamplingSpec, per: str) -> float:
+    """Wall seconds of one call over its tokens: generated ones (`per="token"`, engines that batch
+    continuously) or decode steps, the longest response (`per="step"`: a static batch runs to it)."""
+    start = time.perf_counter()
+    batch: RolloutBatch = generate(prompts, n, spec)
+    seconds = time.perf_counter() - start
+    lengths = [len(r) for r in batch.response_ids]
+    return seconds / max(sum(lengths) if per == "token" else max(lengths), 1)
+
+
+def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str, float]:
+    """Median seconds per token of each variant {name: (generate, spec)}, calls interleaved; the
+    first round warms caches and is dropped."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(repeats + 1):
+        for i, (name, (generate, spec)) in enumerate(variants.items()):
+            value = seconds_per_token(generate, prompts, n, replace(spec, seed=spec.seed + round_), per)
+            if round_:
+                samples[name].append(value)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
+    """HF engine: EAD / fixed, and the service actor's throughput over the in-process engine's."""
+    import ray
+    import torch
+
+    from orchestrator.train import init_ray, logical_cpus
+    from trainables.rollout.hf import HFEngine
+    from trainables.rollout.service import start_rollout_service
+
+    model_path, prompts, n, ead, fixed = workload(cfg)
+    threads = max(1, int(cfg.rollout.num_cpus))  # what the service actor runs with
+    torch.set_num_threads(threads)
+    engine = HFEngine(model_path)
+    init_ray(logical_cpus(cfg))
+    service = start_rollout_service(cfg.rollout, model_path)
+    try:
+        ray.get(service.health.remote())  # loaded before the clock starts
+
+        def remote(p, k, spec):
+            return ray.get(service.generate.remote(p, k, spec))
+
+        per_token = side_by_side({"ead": (engine.generate, ead), "fixed": (engine.generate, fixed),
+                                  "service": (remote, ead)}, prompts, n, repeats, per="step")
+    finally:
+        ray.kill(service)
+    return {"ead_over_fixed": per_token["ead"] / per_token["fixed"],
+            # throughput ratio = inverse time ratio
+            "service_over_direct": per_token["ead"] / per_token["service"], "threads": threads}
+
+
+def vllm_figures(cfg: TrialConfig, repeats: int) -> dict[str, float] | str:
+    """vLLM engine (where installed): EAD through the logits processor / vLLM's own temperature."""
+    import os
+
+    import torch
+
+    from trainables.rollout.service import make_engine
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "vllm is not installed here: run make bench-vllm (its own environment)"
+    if not torch.cuda.is_available():  # the CPU build: its threads on every core, none reserved, a small KV cache
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    model_path, prompts, n, ead, fixed = workload(cfg)
+    engine = make_engine(cfg.rollout.model_copy(update={"backend": "vllm"}), model_path)
+    per_token = side_by_side({"ead": (engine.generate, ead), "fixed": (engine.generate, fixed)},
+                             prompts, n, repeats, per="token")
+    return {"ead_over_fixed": per_token["ead"] / per_token["fixed"]}

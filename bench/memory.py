@@ -1,0 +1,50 @@
+"""Peak memory of a command and every process it starts (Ray's GCS, raylet, workers and actors are
+its descendants when it starts its own local cluster).
+
+PSS (proportional set size) splits each shared page among the processes mapping it, so the sum
+over the tree is the memory the command really holds; the RSS sum counts the shared torch and
+CUDA libraries once per process and overstates it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import psutil
+
+GIB = 1024**3
+
+
+def tree_memory(root: psutil.Process) -> tuple[int, int]:
+    """(PSS, RSS) in bytes summed over `root` and its descendants alive now."""
+    pss = rss = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            info = process.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # gone between the listing and the read
+        pss, rss = pss + info.pss, rss + info.rss
+    return pss, rss
+
+
+def peak_memory(command: list[str], interval_s: float = 0.5, **popen) -> dict[str, float]:
+    """Run `command` to its end, sampling its process tree; its peaks in GiB, seconds and exit code."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command, **popen)
+    root = psutil.Process(child.pid)
+    peaks, done = [0, 0], threading.Event()
+
+    def sample():
+        while not done.wait(interval_s):
+            pss, rss = tree_memory(root)
+            peaks[0], peaks[1] = max(peaks[0], pss), max(peaks[1], rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    code = child.wait()
+    done.set()
+    sampler.join()
+    return {"peak_pss_gib": peaks[0] / GIB, "peak_rss_gib": peaks[1] / GIB,
+            "seconds": time.perf_counter() - start, "exit_code": code}

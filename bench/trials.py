@@ -1,0 +1,76 @@
+"""Where a trial's time goes, read back from its MLflow run: compute phases against the loop's wall
+time at steady state, start-up, weight sync, checkpoints, reporting and logging; and the step time
+of one algorithm preset against another on the same spec, seed and rollouts.
+
+Steady state: after the first two steps (caches, allocator and compiled kernels warm up) and before
+the last (the final checkpoint). MLflow step s is "s RL steps done"; `timing/loop_wall` and
+`timing/logging` are cumulative, read when step s is logged, so the window (a, b] holds steps a+1..b
+and the report, checkpoint and logging that follow steps a..b-1.
+"""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator import train
+from orchestrator.spec import load_trial_spec
+from orchestrator.tracking import Tracker
+
+COMPUTE = ("generate", "score", "old_logprob", "offline", "update")  # the model's work
+KEYS = (*COMPUTE, "sync", "step", "report", "checkpoint", "startup", "loop_wall", "logging")
+WARMUP_STEPS = 2
+
+
+def run_trial(spec: str, storage: str, steps: int, overrides: list[str]) -> dict[str, dict[int, float]]:
+    """Run one trial; its timing history {key: {MLflow step: seconds}}."""
+    name = f"bench-{time.time_ns()}"
+    cfg = load_trial_spec(spec, [f"learner.steps={steps}", f"name={name}", "validation.every=0",
+                                 f"storage={storage}", *overrides])
+    train.run(cfg)
+    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    (run,) = tracker.client.search_runs([tracker.experiment_id], f"attributes.run_name = '{name}'")
+    return {key: dict(tracker.metric_history(run.info.run_id, f"timing/{key}")) for key in KEYS}
+
+
+def steady_figures(history: dict[str, dict[int, float]], steps: int, checkpoint_every: int) -> dict[str, float]:
+    a, b = WARMUP_STEPS, steps - 1
+
+    def total(key: str, first: int, last: int) -> float:
+        return sum(history[key].get(s, 0.0) for s in range(first, last + 1))
+
+    wall = history["loop_wall"][b] - history["loop_wall"][a]
+    compute = sum(total(key, a + 1, b) for key in COMPUTE)
+    checkpoints = total("checkpoint", a, b - 1)
+    saved = [v for s, v in history["checkpoint"].items() if a <= s < b]
+    mean_step_wall = (wall - checkpoints) / (b - a)
+    step_total = total("step", a + 1, b)
+    shares = {phase: total(phase, a + 1, b) / step_total for phase in (*COMPUTE, "sync")}
+    return {
+        "phase_share_of_step": {**shares, "other": 1 - sum(shares.values())},
+        "steady_steps": b - a,
+        "mean_step_s": step_total / (b - a),
+        "compute_s": compute,
+        "wall_s": wall,
+        # checkpoints have their own row: the overhead is the rest of what is not the model's work
+        "overhead": (wall - checkpoints) / compute,
+        "startup_s": history["startup"][1],
+        "sync_share_of_step": shares["sync"],
+        "checkpoint_s": sum(saved) / max(len(saved), 1),
+        "checkpoint_share_of_interval": (sum(saved) / max(len(saved), 1)) / (checkpoint_every * mean_step_wall),
+        "report_logging_share_of_wall": (total("report", a, b - 1) + history["logging"][b] - history["logging"][a])
+        / wall,
+    }
+
+
+def algorithm_ratios(spec: str, storage: str, steps: int, overrides: list[str],
+                     algorithms: tuple[str, ...]) -> tuple[dict[str, dict], dict[str, float]]:
+    """One trial per preset (the first is also the overhead trial); {preset: figures}, {"a / b": ratio}."""
+    every = max(2, (steps - WARMUP_STEPS) // 2)
+    figures = {}
+    for algorithm in algorithms:
+        history = run_trial(spec, storage, steps, [*overrides, f"algorithm.name={algorithm}",
+                                                   f"checkpoint.every={every}"])
+        figures[algorithm] = {**steady_figures(history, steps, every), "checkpoint_every": every}
+    ratios = {f"{x} / {y}": figures[x]["mean_step_s"] / figures[y]["mean_step_s"]
+              for i, x in enumerate(algorithms) for y in algorithms[:i]}
+    return figures, ratios

@@ -1,0 +1,64 @@
+"""The benchmark's own arithmetic and memory sampler (the whole `python -m bench --quick` runs as a CI
+step of its own)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from bench.__main__ import verdict
+from bench.memory import GIB, peak_memory
+from bench.trials import steady_figures
+
+
+def history(steps: int, checkpoint_every: int) -> dict[str, dict[int, float]]:
+    """A trial whose every step computes 1.0 s (generate .6, update .4), syncs .05 in a 1.1 s step,
+    then reports .02 s and logs .01 s, with a 0.5 s checkpoint every `checkpoint_every` steps."""
+    h = {key: {} for key in ("generate", "score", "old_logprob", "offline", "update", "sync", "step", "report",
+                             "checkpoint", "startup", "loop_wall", "logging")}
+    wall = logged = 0.0
+    for s in range(1, steps + 1):
+        wall += 1.1
+        h["generate"][s], h["update"][s], h["sync"][s], h["step"][s] = 0.6, 0.4, 0.05, 1.1
+        h["loop_wall"][s], h["logging"][s] = wall, logged
+        saved = 0.5 if s % checkpoint_every == 0 else 0.0
+        if saved:
+            h["checkpoint"][s] = saved
+        h["report"][s] = 0.02
+        wall += 0.02 + 0.01 + saved
+        logged += 0.01
+    h["startup"][1] = 12.0
+    return h
+
+
+def test_steady_figures_split_compute_from_overhead():
+    f = steady_figures(history(8, 3), steps=8, checkpoint_every=3)
+    # window (2, 7]: steps 3..7, and the reports, logs and the checkpoints of steps 3 and 6 after 2..6
+    assert f["steady_steps"] == 5 and f["compute_s"] == pytest.approx(5.0)
+    assert f["wall_s"] == pytest.approx(5 * 1.13 + 2 * 0.5)
+    assert f["overhead"] == pytest.approx(1.13)
+    assert f["checkpoint_s"] == pytest.approx(0.5)
+    assert f["checkpoint_share_of_interval"] == pytest.approx(0.5 / (3 * 1.13))
+    assert f["report_logging_share_of_wall"] == pytest.approx(5 * 0.03 / f["wall_s"])
+    assert f["sync_share_of_step"] == pytest.approx(0.05 / 1.1)
+    assert f["phase_share_of_step"]["other"] == pytest.approx(0.05 / 1.1)
+    assert f["startup_s"] == 12.0
+
+
+def test_verdicts_follow_each_target_direction():
+    assert verdict("weight sync / step", 0.049) == "PASS" and verdict("weight sync / step", 0.051) == "FAIL"
+    assert verdict("throughput service / direct, hf", 0.96) == "PASS"
+    assert verdict("throughput service / direct, hf", 0.90) == "FAIL"
+    assert verdict("step time luffy / grpo", 9.0) == "-"  # reported, no target
+    assert verdict("generation EAD / fixed, vllm", "vllm is not installed here") == "-"
+
+
+def test_peak_memory_sees_a_grandchild_allocation():
+    # A child that starts a grandchild holding 300 MiB of touched pages: the tree's peak includes it.
+    grandchild = "import time; b = b'x' * (300 * 2**20); time.sleep(2)"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    figures = peak_memory([sys.executable, "-c", code], interval_s=0.1)
+    assert figures["exit_code"] == 0
+    assert 0.29 < figures["peak_pss_gib"] <= figures["peak_rss_gib"] < 1.0
+    assert figures["peak_pss_gib"] * GIB > 300 * 2**20
