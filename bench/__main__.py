@@ -4,8 +4,9 @@ Every row is a ratio measured side by side in this run (absolute times on a shar
 noise), checked against its target, printed as one table and written as JSON:
 
   sweep    peak memory (PSS) of the default sweep, `python -m orchestrator.sweep SPEC`, run whole;
-  engines  EAD over fixed-temperature generation per backend, the rollout service actor over the
-           same engine called in-process;
+  engines  EAD over fixed-temperature generation per backend (EAD's code path at tau = 1, so the
+           same tokens are sampled; and the EAD recipe, whose hotter samples run longer), the
+           rollout service actor over the same engine called in-process;
   trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
            wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios.
 
@@ -36,7 +37,9 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "step time luffy / grpo": None,
     "step time oger / grpo": None,
     "generation EAD / fixed, hf": ("<=", 1.03),
+    "generation EAD recipe / T = 1, hf (longer samples)": None,
     "generation EAD / fixed, vllm": ("<=", 1.03),
+    "generation EAD recipe / T = 1, vllm (longer samples)": None,
     "throughput service / direct, hf": (">=", 0.95),
     "weight sync / step": ("<=", 0.05),
     "checkpoint / its interval": ("<=", 0.05),
@@ -72,12 +75,15 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     from bench.engines import hf_figures, vllm_figures
 
-    repeats = 2 if quick else 6
+    repeats = 2 if quick else 10
     console.print(f"[bold]engines[/bold]: {repeats} interleaved calls per variant")
     hf, vllm = hf_figures(cfg, repeats), vllm_figures(cfg, repeats)
     rows = {"generation EAD / fixed, hf": hf["ead_over_fixed"],
+            "generation EAD recipe / T = 1, hf (longer samples)": hf["ead_recipe_over_fixed"],
             "generation EAD / fixed, vllm": vllm if isinstance(vllm, str) else vllm["ead_over_fixed"],
             "throughput service / direct, hf": hf["service_over_direct"]}
+    if not isinstance(vllm, str):
+        rows["generation EAD recipe / T = 1, vllm (longer samples)"] = vllm["ead_recipe_over_fixed"]
     return rows, {"hf": hf, "vllm": vllm}
 
 

@@ -18,8 +18,11 @@ from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.trial import sampling_spec
 
 
-def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, SamplingSpec, SamplingSpec]:
-    """(model folder, one rank's prompts, n, the spec's EAD sampling, fixed T = 1 with the same cap)."""
+def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, dict[str, SamplingSpec]]:
+    """(model folder, one rank's prompts, n, the samplings compared): `fixed` T = 1; `ead` the spec's
+    EAD recipe (hotter, so longer responses: its cost per token also pays for the length); `ead_t1`
+    the same EAD code path with the warm-up over every token, so tau = 1 and the very tokens of
+    `fixed` are sampled: the cost of EAD itself."""
     from transformers import AutoTokenizer
 
     model_path = str(resolve_model_path(cfg.model, cfg.cache_dir))
@@ -30,7 +33,8 @@ def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, SamplingSpec,
     if ead.schedule != "ead":
         ead = replace(ead, schedule="ead", params=cfg.rollout.decoding.ead.model_dump())
     fixed = replace(ead, schedule="fixed", params={"temperature": 1.0})
-    return model_path, prompts, cfg.rollout.group_size, ead, fixed
+    ead_t1 = replace(ead, params={**ead.params, "warmup_tokens": ead.max_new_tokens})
+    return model_path, prompts, cfg.rollout.group_size, {"fixed": fixed, "ead": ead, "ead_t1": ead_t1}
 
 
 def seconds_per_token(generate, prompts, n, spec: SamplingSpec, per: str) -> float:
@@ -55,6 +59,11 @@ def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def ratios(per_token: dict[str, float]) -> dict[str, float]:
+    return {"ead_over_fixed": per_token["ead_t1"] / per_token["fixed"],
+            "ead_recipe_over_fixed": per_token["ead"] / per_token["fixed"]}
+
+
 def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
     """HF engine: EAD / fixed, and the service actor's throughput over the in-process engine's."""
     import ray
@@ -64,7 +73,7 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
     from trainables.rollout.hf import HFEngine
     from trainables.rollout.service import start_rollout_service
 
-    model_path, prompts, n, ead, fixed = workload(cfg)
+    model_path, prompts, n, specs = workload(cfg)
     threads = max(1, int(cfg.rollout.num_cpus))  # what the service actor runs with
     torch.set_num_threads(threads)
     engine = HFEngine(model_path)
@@ -76,11 +85,11 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
         def remote(p, k, spec):
             return ray.get(service.generate.remote(p, k, spec))
 
-        per_token = side_by_side({"ead": (engine.generate, ead), "fixed": (engine.generate, fixed),
-                                  "service": (remote, ead)}, prompts, n, repeats, per="step")
+        per_token = side_by_side({**{name: (engine.generate, spec) for name, spec in specs.items()},
+                                  "service": (remote, specs["ead"])}, prompts, n, repeats, per="step")
     finally:
         ray.kill(service)
-    return {"ead_over_fixed": per_token["ead"] / per_token["fixed"],
+    return {**ratios(per_token),
             # throughput ratio = inverse time ratio
             "service_over_direct": per_token["ead"] / per_token["service"], "threads": threads}
 
@@ -101,8 +110,7 @@ def vllm_figures(cfg: TrialConfig, repeats: int) -> dict[str, float] | str:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
-    model_path, prompts, n, ead, fixed = workload(cfg)
+    model_path, prompts, n, specs = workload(cfg)
     engine = make_engine(cfg.rollout.model_copy(update={"backend": "vllm"}), model_path)
-    per_token = side_by_side({"ead": (engine.generate, ead), "fixed": (engine.generate, fixed)},
-                             prompts, n, repeats, per="token")
-    return {"ead_over_fixed": per_token["ead"] / per_token["fixed"]}
+    return ratios(side_by_side({name: (engine.generate, spec) for name, spec in specs.items()},
+                               prompts, n, repeats, per="token"))

@@ -145,7 +145,10 @@ class TrialStates(Callback):
         RUNNING.add(trial.trial_id)
 
     def _close(self, trial, state: str) -> None:
+        from trainables.rollout.service import remove_engine_group
+
         RUNNING.discard(trial.trial_id)
+        remove_engine_group(trial.trial_id)  # a pruned trial's actor is killed before its `finally` runs
         self.tracker.finish_sweep_trial(self.sweep, trial.trial_id, state)
 
     def on_trial_complete(self, iteration, trials, trial, **info):

@@ -138,7 +138,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     from trainables.rollout.service import start_rollout_engines
     from trainables.trial import train_loop_per_worker
 
-    engines, engine_group = start_rollout_engines(cfg.rollout, model_path)
+    engines, engine_group = start_rollout_engines(cfg.rollout, model_path, cfg.name)
     verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:

@@ -13,6 +13,7 @@ import urllib.request
 import optuna
 import pytest
 import yaml
+from ray.util.state import list_placement_groups
 
 from orchestrator import evaluate, report, sweep, train
 from orchestrator.spec import SpecError, load_sweep_spec, load_trial_spec
@@ -94,6 +95,10 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
         assert tracker.metric_history(run.info.run_id, "rollout/reward_mean")  # a history, step by step
     states = sorted(r.data.tags["state"] for r in trials)
     assert "pruned" in states and "finished" in states, states
+    # A pruned trial dies before its own clean-up: the driver removed its engines' placement group.
+    left = [g.name for g in list_placement_groups(detail=True, limit=10_000)
+            if g.name.startswith("rollout-engines-") and g.state != "REMOVED"]
+    assert not left, left
     assert parent.data.tags["state"] == "finished" and parent.data.tags["best_trial"]
 
     study = optuna.load_study(study_name="asha", storage=f"sqlite:///{finished_sweep / 'asha' / 'optuna.db'}")

@@ -101,11 +101,29 @@ def engine_bundle(cfg: RolloutConfig) -> dict[str, float]:
     return {key: value for key, value in (("CPU", cfg.num_cpus), ("GPU", cfg.num_gpus)) if value}
 
 
-def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, *, timeout_s: float = PLACEMENT_TIMEOUT_S):
+def engine_group_name(trial: str) -> str:
+    return f"rollout-engines-{trial}"
+
+
+def remove_engine_group(trial: str) -> None:
+    """Remove a trial's engine placement group if it is still there. A placement group lives as long
+    as the job, not as its creator: a trial that Tune stops (ASHA) dies without its `finally`, and
+    the sweep driver removes the group for it."""
+    from ray.util import get_placement_group, remove_placement_group
+
+    try:
+        remove_placement_group(get_placement_group(engine_group_name(trial)))
+    except ValueError:  # no group of that name
+        pass
+
+
+def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, trial: str, *,
+                          timeout_s: float = PLACEMENT_TIMEOUT_S):
     """The trial's `num_engines` data-parallel engines and the placement group that holds them.
 
     One bundle per engine, reserved all at once (a trial never starts with half its engines); the
-    bundle captures what the engine starts itself, e.g. vLLM's tensor-parallel workers.
+    bundle captures what the engine starts itself, e.g. vLLM's tensor-parallel workers. The group
+    is named after the trial, so that a restarted trial or the sweep driver can remove a stale one.
     Returns (engines, placement group or None when the engines reserve nothing).
     """
     from ray.util.placement_group import placement_group
@@ -114,7 +132,8 @@ def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, *, timeout
     bundle = engine_bundle(cfg)
     if not bundle:
         return [start_rollout_service(cfg, model_path) for _ in range(cfg.num_engines)], None
-    group = placement_group([bundle] * cfg.num_engines, strategy="PACK")
+    remove_engine_group(trial)  # left by an earlier attempt of this trial that died
+    group = placement_group([bundle] * cfg.num_engines, strategy="PACK", name=engine_group_name(trial))
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         ray.util.remove_placement_group(group)
