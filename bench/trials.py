@@ -57,8 +57,9 @@ def steady_figures(history: dict[str, dict[int, float]], steps: int, checkpoint_
         "sync_share_of_step": shares["sync"],
         "checkpoint_s": sum(saved) / max(len(saved), 1),
         "checkpoint_share_of_interval": (sum(saved) / max(len(saved), 1)) / (checkpoint_every * mean_step_wall),
-        "report_logging_share_of_wall": (total("report", a, b - 1) + history["logging"][b] - history["logging"][a])
-        / wall,
+        # timing/report of a checkpointing step includes the save: counted in the checkpoint row only
+        "report_logging_share_of_wall": (total("report", a, b - 1) - checkpoints + history["logging"][b]
+                                         - history["logging"][a]) / wall,
     }
 
 
