@@ -135,10 +135,10 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trainables.rollout.service import start_rollout_engines
+    from trainables.rollout.service import remove_engine_group, start_rollout_engines
     from trainables.trial import train_loop_per_worker
 
-    engines, engine_group = start_rollout_engines(cfg.rollout, model_path, cfg.name)
+    engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)
     verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:
@@ -168,8 +168,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
         for actor in (*engines, verifier, embedder):
             if actor is not None:
                 ray.kill(actor)
-        if engine_group is not None:
-            ray.util.remove_placement_group(engine_group)
+        remove_engine_group(cfg.name)
 
 
 def storage_uri(storage: str) -> str:

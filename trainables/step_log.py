@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -59,21 +60,20 @@ class StepLogger:
             return
         from mlflow.entities import Metric
 
-        start, now = time.perf_counter(), int(time.time() * 1000)
-        with self.lock:
-            self.pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        self.queue_flush()
-        self.seconds += time.perf_counter() - start
+        now = int(time.time() * 1000)
+        with self.caller_time():
+            with self.lock:
+                self.pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+            self.queue_flush()
 
     def log_file(self, artifact_path: str, content: str | bytes) -> None:
         """Queue an artifact of the run (rollout samples, the validation curve)."""
         if self.client is None:
             return
-        start = time.perf_counter()
-        with self.lock:
-            self.pending_files[artifact_path] = content.encode() if isinstance(content, str) else content
-        self.queue_flush()
-        self.seconds += time.perf_counter() - start
+        with self.caller_time():
+            with self.lock:
+                self.pending_files[artifact_path] = content.encode() if isinstance(content, str) else content
+            self.queue_flush()
 
     def queue_flush(self) -> None:
         with self.lock:
@@ -84,9 +84,16 @@ class StepLogger:
 
     def drain(self) -> None:
         """Wait for every queued send to finish (what failed stays buffered for the next one)."""
+        with self.caller_time():
+            self.sender.submit(lambda: None).result()
+
+    @contextmanager
+    def caller_time(self):
         start = time.perf_counter()
-        self.sender.submit(lambda: None).result()
-        self.seconds += time.perf_counter() - start
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
 
     def close(self) -> None:
         self.drain()

@@ -491,7 +491,7 @@ class Trial:
         # Start-up (Ray, engines, worker group, DeepSpeed, restore) ends here; the cumulative loop wall
         # and logging time let `python -m bench` split a steady state into compute and overhead.
         loop_start = time.perf_counter()
-        startup = {"timing/startup": time.time() - self.started_at} if self.started_at else {}
+        startup = time.time() - self.started_at if self.started_at else None
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
@@ -508,10 +508,12 @@ class Trial:
                     self.val_history.append((step + 1, self.validate()))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
                 self.log_artifacts(step)
-            metrics.update(self.base_val, **startup, **{"timing/loop_wall": time.perf_counter() - loop_start})
+            metrics.update(self.base_val)
+            metrics["timing/loop_wall"] = time.perf_counter() - loop_start
+            if step == self.start_step and startup is not None:
+                metrics["timing/startup"] = startup
             if self.logger is not None:
                 metrics["timing/logging"] = self.logger.seconds
-            startup = {}
             self.log(step, metrics)
             self.print_progress(step, metrics)
             stop = not last and self.stop_requested()

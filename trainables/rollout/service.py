@@ -119,19 +119,17 @@ def remove_engine_group(trial: str) -> None:
 
 def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, trial: str, *,
                           timeout_s: float = PLACEMENT_TIMEOUT_S):
-    """The trial's `num_engines` data-parallel engines and the placement group that holds them.
-
-    One bundle per engine, reserved all at once (a trial never starts with half its engines); the
-    bundle captures what the engine starts itself, e.g. vLLM's tensor-parallel workers. The group
-    is named after the trial, so that a restarted trial or the sweep driver can remove a stale one.
-    Returns (engines, placement group or None when the engines reserve nothing).
+    """The trial's `num_engines` data-parallel engines, in one placement group when they reserve
+    resources: one bundle per engine, reserved all at once (a trial never starts with half its
+    engines); the bundle captures what the engine starts itself, e.g. vLLM's tensor-parallel
+    workers. The group is named after the trial: `remove_engine_group(trial)` frees it.
     """
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundle = engine_bundle(cfg)
     if not bundle:
-        return [start_rollout_service(cfg, model_path) for _ in range(cfg.num_engines)], None
+        return [start_rollout_service(cfg, model_path) for _ in range(cfg.num_engines)]
     remove_engine_group(trial)  # left by an earlier attempt of this trial that died
     group = placement_group([bundle] * cfg.num_engines, strategy="PACK", name=engine_group_name(trial))
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
@@ -139,7 +137,6 @@ def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, trial: str
         ray.util.remove_placement_group(group)
         raise RuntimeError(f"rollout.num_engines: {cfg.num_engines} engine(s) of {bundle} found no room in "
                            f"{timeout_s:.0f} s; the cluster has {ray.available_resources()} free")
-    engines = [start_rollout_service(cfg, model_path, scheduling_strategy=PlacementGroupSchedulingStrategy(
+    return [start_rollout_service(cfg, model_path, scheduling_strategy=PlacementGroupSchedulingStrategy(
         group, placement_group_bundle_index=i, placement_group_capture_child_tasks=True))
         for i in range(cfg.num_engines)]
-    return engines, group
