@@ -6,7 +6,8 @@ noise), checked against its target, printed as one table and written as JSON:
   sweep    peak memory (PSS) of the default sweep, `python -m orchestrator.sweep SPEC`, run whole;
   engines  EAD over fixed-temperature generation per backend (EAD's code path at tau = 1, so the
            same tokens are sampled; and the EAD recipe, whose hotter samples run longer), the
-           rollout service actor over the same engine called in-process;
+           rollout service actor over the same engine called in-process, the weight push by gloo
+           broadcast over the push through Ray's object store;
   trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
            wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios.
 
@@ -41,6 +42,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "generation EAD / fixed, vllm": ("<=", 1.03),
     "generation EAD recipe / T = 1, vllm (longer samples)": None,
     "throughput service / direct, hf": (">=", 0.95),
+    "weight push gloo / object store, hf": None,
     "weight sync / step": ("<=", 0.05),
     "checkpoint / its interval": ("<=", 0.05),
     "report + logging / wall": ("<=", 0.02),
@@ -81,7 +83,8 @@ def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     rows = {"generation EAD / fixed, hf": hf["ead_over_fixed"],
             "generation EAD recipe / T = 1, hf (longer samples)": hf["ead_recipe_over_fixed"],
             "generation EAD / fixed, vllm": vllm if isinstance(vllm, str) else vllm["ead_over_fixed"],
-            "throughput service / direct, hf": hf["service_over_direct"]}
+            "throughput service / direct, hf": hf["service_over_direct"],
+            "weight push gloo / object store, hf": hf["gloo_over_object_store"]}
     if not isinstance(vllm, str):
         rows["generation EAD recipe / T = 1, vllm (longer samples)"] = vllm["ead_recipe_over_fixed"]
     return rows, {"hf": hf, "vllm": vllm}
@@ -123,6 +126,14 @@ def print_phases(figures: dict) -> None:
     for phase in phases:
         table.add_row(phase, *(f"{f['phase_share_of_step'][phase]:.1%}" for f in figures.values()))
     table.add_row("mean step (s)", *(f"{f['mean_step_s']:.2f}" for f in figures.values()))
+    console.print(table)
+    table = Table(title="start-up, seconds per stage (timing/startup_*)")
+    table.add_column("stage")
+    for algorithm in figures:
+        table.add_column(algorithm, justify="right")
+    for stage in next(iter(figures.values()))["startup_stages_s"]:
+        table.add_row(stage, *(f"{f['startup_stages_s'][stage]:.1f}" for f in figures.values()))
+    table.add_row("total", *(f"{f['startup_s']:.1f}" for f in figures.values()))
     console.print(table)
 
 

@@ -1,5 +1,6 @@
 """Generation costs, side by side in one process on one batch: EAD against a fixed temperature (per
-backend), and the rollout service actor against the same engine called in this process.
+backend), the rollout service actor against the same engine called in this process, and the weight
+push to the service through Ray's object store against a gloo broadcast.
 
 The batch is one learner rank's share of a step of the spec (its prompts x group size, its token cap).
 Variants alternate call by call and the median of each is compared, so a noisy neighbour hits both.
@@ -87,11 +88,29 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
 
         per_token = side_by_side({**{name: (engine.generate, spec) for name, spec in specs.items()},
                                   "service": (remote, specs["ead"])}, prompts, n, repeats, per="step")
+        push = push_seconds(service, engine.model.state_dict(), cfg.rollout.weight_bucket_mb, repeats)
     finally:
         ray.kill(service)
     return {**ratios(per_token),
             # throughput ratio = inverse time ratio
-            "service_over_direct": per_token["ead"] / per_token["service"], "threads": threads}
+            "service_over_direct": per_token["ead"] / per_token["service"], "threads": threads,
+            "push_seconds": push, "gloo_over_object_store": push["gloo"] / push["object_store"]}
+
+
+def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str, float]:
+    """Median seconds of one full weight push to the service by each `rollout.weight_transfer` that runs
+    on CPUs, interleaved (the gloo group forms in the dropped first round, as in a trial's first sync)."""
+    from trainables.rollout.weight_sync import GlooPush, ObjectStorePush
+
+    pushes = {"object_store": ObjectStorePush([service]), "gloo": GlooPush([service], bucket_mb * 2**20)}
+    samples: dict[str, list[float]] = {name: [] for name in pushes}
+    for round_ in range(repeats + 1):
+        for name, push in pushes.items():
+            start = time.perf_counter()
+            push(state, round_ + 1)
+            if round_:
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def vllm_figures(cfg: TrialConfig, repeats: int) -> dict[str, float] | str:

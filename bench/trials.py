@@ -17,7 +17,9 @@ from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import Tracker
 
 COMPUTE = ("generate", "score", "old_logprob", "offline", "update")  # the model's work
-KEYS = (*COMPUTE, "sync", "step", "report", "checkpoint", "startup", "loop_wall", "logging")
+STARTUP = ("workers", "data", "learner", "restore_and_sync")  # timing/startup_<stage>
+KEYS = (*COMPUTE, "sync", "step", "report", "checkpoint", "startup", *(f"startup_{s}" for s in STARTUP),
+        "loop_wall", "logging")
 WARMUP_STEPS = 2
 
 
@@ -54,6 +56,7 @@ def steady_figures(history: dict[str, dict[int, float]], steps: int, checkpoint_
         # checkpoints have their own row: the overhead is the rest of what is not the model's work
         "overhead": (wall - checkpoints) / compute,
         "startup_s": history["startup"][1],
+        "startup_stages_s": {stage: history[f"startup_{stage}"][1] for stage in STARTUP},
         "sync_share_of_step": shares["sync"],
         "checkpoint_s": sum(saved) / max(len(saved), 1),
         "checkpoint_share_of_interval": (sum(saved) / max(len(saved), 1)) / (checkpoint_every * mean_step_wall),

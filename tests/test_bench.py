@@ -9,15 +9,14 @@ import pytest
 
 from bench.__main__ import verdict
 from bench.memory import GIB, peak_memory
-from bench.trials import steady_figures
+from bench.trials import KEYS, STARTUP, steady_figures
 
 
 def history(steps: int, checkpoint_every: int) -> dict[str, dict[int, float]]:
     """A trial whose every step computes 1.0 s (generate .6, update .4), syncs .05 in a 1.1 s step,
     then reports .02 s and logs .01 s, with a 0.5 s checkpoint every `checkpoint_every` steps (inside
     its report's time, as the trial logs it)."""
-    h = {key: {} for key in ("generate", "score", "old_logprob", "offline", "update", "sync", "step", "report",
-                             "checkpoint", "startup", "loop_wall", "logging")}
+    h = {key: {} for key in KEYS}
     wall = logged = 0.0
     for s in range(1, steps + 1):
         wall += 1.1
@@ -30,6 +29,8 @@ def history(steps: int, checkpoint_every: int) -> dict[str, dict[int, float]]:
         wall += 0.02 + 0.01 + saved
         logged += 0.01
     h["startup"][1] = 12.0
+    for stage, seconds in zip(STARTUP, (5.0, 1.0, 4.0, 2.0)):
+        h[f"startup_{stage}"][1] = seconds
     return h
 
 
@@ -45,6 +46,7 @@ def test_steady_figures_split_compute_from_overhead():
     assert f["sync_share_of_step"] == pytest.approx(0.05 / 1.1)
     assert f["phase_share_of_step"]["other"] == pytest.approx(0.05 / 1.1)
     assert f["startup_s"] == 12.0
+    assert f["startup_stages_s"] == {"workers": 5.0, "data": 1.0, "learner": 4.0, "restore_and_sync": 2.0}
 
 
 def test_verdicts_follow_each_target_direction():

@@ -167,21 +167,26 @@ def test_rollout_service_then_learner_worker_killed_mid_trial(reference, tmp_pat
 
 
 @pytest.mark.slow
-def test_two_data_parallel_engines_reproduce_the_one_engine_history(reference, tmp_path):
+def test_two_engines_fed_over_gloo_reproduce_the_one_engine_history(reference, tmp_path):
     from ray.util.state import list_actors, list_tasks
 
     def engines():
         return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "RolloutService")], detail=True)}
 
+    def served(method: str) -> set[str]:
+        return {t.actor_id for t in list_tasks(filters=[("func_or_class_name", "=", f"RolloutService.{method}")],
+                                               detail=True, limit=10_000)}
+
     before = engines()
-    train.run(trial_cfg(tmp_path, "rollout.num_engines=2"))
-    new = [a for key, a in engines().items() if key not in before]
-    # Each rank generated on its own engine with its own seed: the results are the one-engine run's.
+    train.run(trial_cfg(tmp_path, "rollout.num_engines=2", "rollout.weight_transfer=gloo",
+                        "rollout.weight_bucket_mb=1"))
+    new = {key for key in engines() if key not in before}
+    # Each rank generated on its own engine with its own seed, at weights that came by broadcast (in
+    # several buckets) instead of the object store: the results are the one-engine run's, bit for bit.
     assert history(tmp_path) == reference
-    assert len(new) == 2 and new[0].placement_group_id and new[0].placement_group_id == new[1].placement_group_id
-    served = {t.actor_id for t in list_tasks(filters=[("func_or_class_name", "=", "RolloutService.generate")],
-                                             detail=True, limit=10_000)}
-    assert {a.actor_id for a in new} <= served  # both engines generated
+    groups = {engines()[key].placement_group_id for key in new}
+    assert len(new) == 2 and len(groups) == 1 and None not in groups
+    assert new <= served("generate") and new <= served("receive_weights")  # both generated, both received
 
 
 @pytest.mark.slow

@@ -55,6 +55,9 @@ def test_shipped_spec_is_valid():
         ("model: {path: /m, preset: smollm2-135m-instruct}\n", "model", "give path or preset, not both"),
         ("rollout: {num_engines: 3}\nlearner: {num_workers: 2}\n", "<top>", "rollout.num_engines (3) must be <= "
          "learner.num_workers (2)"),
+        ("rollout: {weight_transfer: nccl}\n", "<top>", "rollout.weight_transfer nccl sends between GPUs"),
+        ("rollout: {weight_transfer: ray}\n", "rollout.weight_transfer", "'object_store', 'gloo', 'nccl' or 'ipc'"),
+        ("rollout: {weight_transfer: ipc}\n", "<top>", "rollout.weight_transfer ipc maps the learner's GPU memory"),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):

@@ -1,15 +1,18 @@
-"""Bucketed weight transfer: the plan, the byte packing of every dtype, and a real two-process
-broadcast over gloo (the CPU stand-in for NCCL between learner and engine GPUs)."""
+"""Weight transfer: the bucket plan, the byte packing of every dtype, a real two-process broadcast over
+gloo, and the learner's gloo push to real engine actors, again after one of them was killed."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import ray
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainables.rollout.weight_sync import (ALIGN, TensorMeta, describe, pack, plan_buckets, receive_buckets,
-                                            send_buckets, unpack)
+from trainables.rollout.weight_sync import (ALIGN, GlooPush, IpcPush, NcclPush, ObjectStorePush, TensorMeta,
+                                            WeightGroupError, describe, gloo_group, pack, plan_buckets,
+                                            receive_buckets, send_buckets, unpack, weight_push)
 
 
 def mixed_state() -> dict[str, torch.Tensor]:
@@ -53,27 +56,94 @@ def test_pack_and_unpack_round_trip_every_dtype():
         assert torch.equal(restored[name], tensor), name
 
 
-def _exchange(rank: int, init_file: str, out: str, bucket_bytes: int) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        if rank == 0:
-            torch.save(send_buckets(mixed_state(), src=0, bucket_bytes=bucket_bytes), out + ".count")
-        else:
-            received = {}
-            for bucket in receive_buckets(src=0, bucket_bytes=bucket_bytes):
-                received.update({k: v.clone() for k, v in bucket.items()})
-            torch.save(received, out)
-    finally:
-        dist.destroy_process_group()
+def _exchange(rank: int, port: int, out: str, bucket_bytes: int) -> None:
+    group = gloo_group("127.0.0.1", port, rank, 2, timeout_s=60)
+    metas = describe(mixed_state())  # the receiver gets the plan through a Ray call in a trial
+    if rank == 0:
+        torch.save(send_buckets(mixed_state(), metas, group=group, bucket_bytes=bucket_bytes), out + ".count")
+    else:
+        received = {}
+        for bucket in receive_buckets(metas, group=group, bucket_bytes=bucket_bytes):
+            received.update({k: v.clone() for k, v in bucket.items()})
+        torch.save(received, out)
 
 
-def test_two_processes_exchange_the_weights_over_gloo(tmp_path, monkeypatch):
+def test_two_processes_exchange_the_weights_over_gloo(tmp_path, free_port):
     out = str(tmp_path / "received.pt")
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # both processes on this machine
-    mp.start_processes(_exchange, args=(str(tmp_path / "init"), out, 96), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(_exchange, args=(free_port, out, 96), nprocs=2, join=True, start_method="spawn")
     received, sent = torch.load(out), mixed_state()
     assert torch.load(out + ".count") == len(plan_buckets(describe(sent), 96)) > 1
     assert list(received) == list(sent)
     for name, tensor in sent.items():
         assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+
+
+def test_weight_push_follows_the_spec():
+    from trainables.config import RolloutConfig
+
+    engines = ["engine-0", "engine-1"]
+    for transfer, kind in (("object_store", ObjectStorePush), ("gloo", GlooPush), ("nccl", NcclPush), ("ipc", IpcPush)):
+        push = weight_push(engines, RolloutConfig(weight_transfer=transfer, weight_bucket_mb=3, tensor_parallel_size=2))
+        assert type(push) is kind and push.engines == engines, transfer
+    gloo = weight_push(engines, RolloutConfig(weight_transfer="gloo", weight_bucket_mb=3))
+    assert gloo.bucket_bytes == 3 * 2**20 and gloo.world_size == 3  # the learner, then one rank per engine
+    assert weight_push(engines, RolloutConfig(weight_transfer="nccl", tensor_parallel_size=2)).world_size == 5
+    state = mixed_state()
+    assert gloo.prepare(state) is state  # only ipc's preparation is a collective
+
+
+def push_until_done(push, state, version: int, deadline_s: float = 240) -> int:
+    """Push as a learner does (trainables/trial.py): again after a lost engine; returns the failures."""
+    failures, deadline = 0, time.monotonic() + deadline_s
+    while True:
+        try:
+            push(state, version)
+            return failures
+        except (ray.exceptions.RayActorError, WeightGroupError):
+            failures += 1
+            assert time.monotonic() < deadline, "the engines never took the weights"
+            time.sleep(2)
+
+
+def test_gloo_push_reaches_every_engine_and_survives_a_restart(ray_cluster, tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainables.config import RolloutConfig
+    from trainables.rollout.service import start_rollout_service
+    from trainables.rollout.types import SamplingSpec
+
+    cfg = RolloutConfig(weight_transfer="gloo", weight_bucket_mb=1)
+    engines = [start_rollout_service(cfg, tiny_model_path) for _ in range(3)]
+    broadcast_to, reference = engines[:2], engines[2]
+    push, by_object_store = weight_push(broadcast_to, cfg), ObjectStorePush([reference])
+    assert isinstance(push, GlooPush) and isinstance(by_object_store, ObjectStorePush)
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    g = torch.Generator().manual_seed(0)
+
+    def trained(scale: float) -> dict[str, torch.Tensor]:  # stands in for a learner's next weights
+        return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+
+    spec = SamplingSpec("fixed", {"temperature": 1.0}, max_new_tokens=16, seed=3)
+    prompts = [[5, 6, 7], [8, 9]]
+
+    def outputs(engine, version):
+        batch = ray.get(engine.generate.remote(prompts, 4, spec, version))
+        return batch.response_ids, batch.behaviour_logprobs
+
+    before = outputs(reference, 0)
+    for version, scale in ((1, 0.05), (2, 0.1)):
+        state = trained(scale)
+        if version == 2:  # an engine dies: Ray restarts it with the initial weights, the group forms anew
+            ray.kill(broadcast_to[0], no_restart=False)
+            assert push_until_done(push, state, version) >= 1
+        else:
+            assert push_until_done(push, state, version) == 0
+        by_object_store(state, version)
+        expected = outputs(reference, version)
+        assert expected != before
+        for engine in broadcast_to:  # bit-equal to the weights that came through the object store
+            assert outputs(engine, version) == expected
+    assert ray.get(broadcast_to[0].health.remote())["weight_version"] == 2
+    for engine in engines:
+        ray.kill(engine)

@@ -156,6 +156,14 @@ class RolloutConfig(Section):
         2.0, description="C of truncated importance sampling min(exp(logp_old - logp_beh), C); null: off."
     )
     num_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved for the rollout actor.")
+    weight_transfer: Literal["object_store", "gloo", "nccl", "ipc"] = Field(
+        "object_store", description="How the learner's weights reach the engines: object_store (one copy in "
+        "Ray's object store, fetched by each engine), gloo (bucketed broadcast over a gloo group of its own; "
+        "CPUs, any backend), nccl (vLLM's NCCL weight transfer between GPUs) or ipc (vLLM's CUDA IPC "
+        "transfer to colocated engines).")
+    weight_bucket_mb: PositiveInt = Field(
+        256, description="gloo, nccl: size of one broadcast bucket; the sender and each receiver hold one "
+        "(nccl: two, double buffered) besides the weights.")
 
 
 class AlgorithmConfig(Section):
@@ -349,6 +357,14 @@ class TrialConfig(Section):
         if ro.colocate and not (lr.use_gpu and 0 < ro.num_gpus < 1):
             raise ValueError(f"rollout.colocate shares the learner's GPUs: it needs learner.use_gpu: true and "
                              f"0 < rollout.num_gpus < 1 (got use_gpu {lr.use_gpu}, num_gpus {ro.num_gpus})")
+        if ro.weight_transfer == "nccl" and not (ro.backend == "vllm" and lr.use_gpu and ro.num_gpus
+                                                  and not ro.colocate):
+            raise ValueError("rollout.weight_transfer nccl sends between GPUs: it needs rollout.backend: vllm, "
+                             "learner.use_gpu: true and engines on GPUs of their own (num_gpus > 0, colocate: "
+                             "false); use object_store or gloo otherwise")
+        if ro.weight_transfer == "ipc" and not ro.colocate:
+            raise ValueError("rollout.weight_transfer ipc maps the learner's GPU memory: it needs rollout.colocate: "
+                             "true (engines on the learner's GPUs); use nccl for engines on GPUs of their own")
         if ro.num_engines > lr.num_workers:
             raise ValueError(f"rollout.num_engines ({ro.num_engines}) must be <= learner.num_workers "
                              f"({lr.num_workers}): each rank generates on one engine, extra engines would idle")

@@ -215,17 +215,22 @@ class Learner:
         sums["lr"] = float(self.engine.get_lr()[0])
         return sums
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights for the rollout engine (collective under ZeRO-3; every rank must call it)."""
+    def full_state_dict(self, keep_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full weights for the rollout engine (collective under ZeRO-3; every rank must call it), as
+        copies on the CPU, or on the learner's device with `keep_device` (a NCCL transfer sends them)."""
         module = self.engine.module
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            # Under ZeRO 1/2 every parameter is a view into one flat buffer, and pickling a view ships
+            # the whole buffer: clone, or each of the ~50 tensors drags all the weights along.
+            return tensor.detach().to(tensor.device if keep_device else "cpu", copy=True)
+
         if self.cfg.learner.zero_stage == 3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-        # Under ZeRO 1/2 every parameter is a view into one flat buffer, and pickling a view ships the
-        # whole buffer: clone, or each of the ~50 tensors drags all the weights along (0.2-2 s a sync).
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+                return {k: copy(v) for k, v in module.state_dict().items()}
+        return {k: copy(v) for k, v in module.state_dict().items()}
 
     def save(self, folder: str | Path, client_state: dict) -> None:
         self.engine.save_checkpoint(str(folder), tag="engine", client_state=client_state)

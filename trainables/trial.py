@@ -9,7 +9,8 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
     rollout/frac_zero_std, rollout/verify_<reason> (counts), policy/entropy, policy/clip_fraction,
     policy/kl, policy/grad_norm, policy/lr, tis/weight_mean, tis/weight_max, tis/capped_fraction,
     timing/{generate,score,old_logprob,offline,update,sync,validate,step,report,checkpoint},
-    timing/tokens_per_s, timing/startup (step 1), timing/{loop_wall,logging} (cumulative seconds),
+    timing/tokens_per_s, timing/startup and timing/startup_{workers,data,learner,restore_and_sync} (at
+    the first step), timing/{loop_wall,logging} (cumulative seconds),
     policy/offpolicy_token_share, faults/service_losses (cumulative, rank 0), and at a resume
     faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
     rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
@@ -52,6 +53,7 @@ from trainables.losses import tis_weights
 from trainables.rewards.verify import REASONS
 from trainables.rollout.service import StaleWeightsError
 from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.rollout.weight_sync import WeightGroupError, weight_push
 from trainables.step_log import StepLogger
 
 SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails
@@ -122,6 +124,7 @@ class Trial:
     def __init__(self, cfg: TrialConfig, model_path: str, engines: list, verifier, tracking: dict, *,
                  store: OfflineStore | None = None, embedder=None, stop_file: str | None = None,
                  started_at: float | None = None):
+        self.startup_marks = {"workers": time.time()}  # start-up stages' ends, from `started_at`
         ctx = ray.train.get_context()
         self.cfg, self.verifier, self.store, self.embedder = cfg, verifier, store, embedder
         # The stop file's existence asks the trial to checkpoint and stop (SIGTERM); resolved once.
@@ -130,6 +133,7 @@ class Trial:
         self.started_at = started_at  # the driver's time.time() when the trial began starting up
         self.engines = engines  # data-parallel rollout actors; this rank generates on one of them
         self.service = engines[self.rank % len(engines)]
+        self.push_weights = weight_push(engines, cfg.rollout)  # rank 0 pushes; every rank prepares
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
@@ -142,7 +146,9 @@ class Trial:
         self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
         # On GPUs, the device Ray Train gave this rank (it sets CUDA_VISIBLE_DEVICES and the local rank).
         device = str(get_device()) if cfg.learner.use_gpu else "cpu"
+        self.startup_marks["data"] = time.time()
         self.learner = Learner(model_path, cfg, world_size=self.world, device=device)
+        self.startup_marks["learner"] = time.time()
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -177,27 +183,25 @@ class Trial:
         return self.score_texts(rollouts.texts, golds)
 
     def sync_weights(self) -> None:
-        """Push the learner's weights to every rollout engine: one object, one remote call each."""
-        state = self.learner.full_state_dict()  # collective under ZeRO-3
+        """Push the learner's weights to every rollout engine (`rollout.weight_transfer`); an engine that
+        is lost meanwhile gets them again once Ray has restarted it."""
+        on_gpu = self.cfg.rollout.weight_transfer in ("nccl", "ipc")  # sent from the learner's GPU
+        state = self.learner.full_state_dict(keep_device=on_gpu)  # collective under ZeRO-3
+        state = self.push_weights.prepare(state)  # collective for ipc
         self.weight_version = self.learner.optimizer_step
         if self.rank == 0:
-            ref, deadline = ray.put(state), time.monotonic() + SERVICE_RESTART_TIMEOUT_S
-            pending = list(self.engines)
-            while pending:
-                calls = [(engine, engine.update_weights.remote([ref], self.weight_version)) for engine in pending]
-                pending = []
-                for engine, call in calls:
-                    try:
-                        ray.get(call, timeout=SERVICE_RESTART_TIMEOUT_S)
-                    except ray.exceptions.RayActorError as e:  # dead or restarting: push again once it is back
-                        self.service_losses += 1
-                        if time.monotonic() > deadline:
-                            raise
-                        print(f"[trial {self.cfg.name}] rollout service lost during a weight update ({e}); "
-                              f"pushing again", flush=True)
-                        pending.append(engine)
-                if pending:
-                    time.sleep(SERVICE_RETRY_PAUSE_S)
+            deadline = time.monotonic() + SERVICE_RESTART_TIMEOUT_S
+            while True:
+                try:
+                    self.push_weights(state, self.weight_version)
+                    break
+                except (ray.exceptions.RayActorError, WeightGroupError) as e:  # dead or restarting
+                    self.service_losses += 1
+                    if time.monotonic() > deadline:
+                        raise
+                    print(f"[trial {self.cfg.name}] rollout service lost during a weight update ({e}); "
+                          f"pushing again", flush=True)
+                    time.sleep(SERVICE_RETRY_PAUSE_S)  # a restarting actor refuses calls at once
         if dist.is_initialized():
             dist.barrier()  # no rank generates before the new weights are in
 
@@ -491,7 +495,8 @@ class Trial:
         # Start-up (Ray, engines, worker group, DeepSpeed, restore) ends here; the cumulative loop wall
         # and logging time let `python -m bench` split a steady state into compute and overhead.
         loop_start = time.perf_counter()
-        startup = time.time() - self.started_at if self.started_at else None
+        self.startup_marks["restore_and_sync"] = time.time()
+        startup = self.startup_breakdown()
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
@@ -510,8 +515,8 @@ class Trial:
                 self.log_artifacts(step)
             metrics.update(self.base_val)
             metrics["timing/loop_wall"] = time.perf_counter() - loop_start
-            if step == self.start_step and startup is not None:
-                metrics["timing/startup"] = startup
+            if step == self.start_step:
+                metrics.update(startup)
             if self.logger is not None:
                 metrics["timing/logging"] = self.logger.seconds
             self.log(step, metrics)
@@ -533,6 +538,17 @@ class Trial:
                     print(f"[trial {cfg.name}] stopped after step {step + 1} with a checkpoint; "
                           f"--resume continues it", flush=True)
                 return
+
+    def startup_breakdown(self) -> dict[str, float]:
+        """timing/startup (the driver's start to the first step) and its stages: workers (Ray, the
+        actors, Train's worker group, imports), data, learner (model and DeepSpeed), restore_and_sync
+        (checkpoint, first weight push). The engines load meanwhile (their health's load_seconds)."""
+        if not self.started_at:
+            return {}
+        times = [self.started_at, *self.startup_marks.values()]
+        stages = {f"timing/startup_{name}": end - begin
+                  for name, begin, end in zip(self.startup_marks, times, times[1:])}
+        return {"timing/startup": times[-1] - times[0], **stages}
 
     def resume_logging(self) -> None:
         """Rank 0: leave the steps already in the MLflow run alone, and record where the run resumed."""

@@ -1,5 +1,6 @@
 """A short trial with `rollout.backend: vllm`: the rollout service holds a real vLLM engine, the
-learner ranks train on its rollouts and push their weights back every step."""
+learner ranks train on its rollouts and broadcast their weights back every step (gloo, in buckets;
+the GPU smoke script's trial sends them through the object store)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ STEPS = 3
 def test_trial_trains_on_vllm_rollouts(ray_cluster, tiny_model_path, tmp_path):
     # Sampling at T = 1 with a large learning rate: the learner's T = 1 recomputation of each sampled
     # token equals vLLM's log-prob, so every TIS weight is 1, only while vLLM holds the weights the
-    # learner pushed after its last update (lr 1e-3 moves them far enough that stale ones would show).
+    # learner pushed after its last update (lr 1e-3 moves them far enough that stale ones would show;
+    # a bucket lost or misplaced in the broadcast would too).
     cfg = load_trial_spec("search_spaces/ead.yaml", [
         f"storage={tmp_path}", "rollout.backend=vllm", f"learner.steps={STEPS}", "learner.lr=1e-3",
         "rollout.decoding.schedule=fixed", "rollout.decoding.temperature=1.0", "validation.every=3",
-        "validation.num_prompts=16"])
+        "validation.num_prompts=16", "rollout.weight_transfer=gloo", "rollout.weight_bucket_mb=1"])
     final = train.run(cfg)
     assert final["progress/step"] == STEPS and final["rollout/response_length"] > 0
     tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)

