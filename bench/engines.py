@@ -100,7 +100,7 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
 def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str, float]:
     """Median seconds of one full weight push to the service by each `rollout.weight_transfer` that runs
     on CPUs, interleaved (the gloo group forms in the dropped first round, as in a trial's first sync)."""
-    from trainables.rollout.weight_sync import GlooPush, ObjectStorePush
+    from trainables.rollout.push import GlooPush, ObjectStorePush
 
     pushes = {"object_store": ObjectStorePush([service]), "gloo": GlooPush([service], bucket_mb * 2**20)}
     samples: dict[str, list[float]] = {name: [] for name in pushes}

@@ -136,6 +136,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from trainables.rollout.service import remove_engine_group, start_rollout_engines
+    from trainables.learner import process_group_backend
     from trainables.trial import train_loop_per_worker
 
     engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)
@@ -148,7 +149,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
                                "rollout_engines": engines, "verifier": verifier, "tracking": tracking,
                                "offline_store": store, "embedding_service": embedder, "stop_file": stop_file,
                                "started_at": started_at or time.time()},
-            torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
+            torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker=worker_resources(cfg)),
             run_config=RunConfig(

@@ -99,3 +99,15 @@ def test_paper_specs_validate_and_print_what_they_amount_to(spec, capsys):
     assert trial.learner.lr == 1e-6 and trial.algorithm.kl_coef == 0 and trial.algorithm.entropy_coef == 0.01
     assert trial.model.config_overrides == {"rope_theta": 40000.0, "max_position_embeddings": 16384}
     assert trial.rollout.backend == "vllm" and trial.offline.files
+
+
+def test_gpu_smoke_learner_side_runs_on_cpu():
+    """infra/gpu_smoke.py --learner-only (no Ray, no vLLM) as a GPU machine runs it, here on CPUs."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "infra/gpu_smoke.py", "--cpu", "--learner-only", "--zero-stage", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "ZeRO-2" in out.stdout and "FAILED" not in out.stdout
+    assert out.stdout.count("  ok  ") == 3  # moved, held by the engine, changes the samples (IPC: GPUs only)

@@ -10,9 +10,9 @@ import ray
 import torch
 import torch.multiprocessing as mp
 
-from trainables.rollout.weight_sync import (ALIGN, GlooPush, IpcPush, NcclPush, ObjectStorePush, TensorMeta,
-                                            WeightGroupError, describe, gloo_group, pack, plan_buckets,
-                                            receive_buckets, send_buckets, unpack, weight_push)
+from trainables.rollout.push import GlooPush, IpcPush, NcclPush, ObjectStorePush, weight_push
+from trainables.rollout.weight_sync import (ALIGN, TensorMeta, WeightGroupError, describe, gloo_group, pack,
+                                            plan_buckets, receive_buckets, send_buckets, unpack)
 
 
 def mixed_state() -> dict[str, torch.Tensor]:

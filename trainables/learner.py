@@ -84,6 +84,12 @@ def align_columns(values: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(values[:, :width], (0, max(0, width - values.shape[1])))
 
 
+def process_group_backend(use_gpu: bool) -> str:
+    """The learner ranks' torch.distributed backend. On GPUs a NCCL-only group refuses CPU tensors, and
+    the ranks all-reduce their token counts, metrics and stop votes as CPU tensors: those go over gloo."""
+    return "cpu:gloo,cuda:nccl" if use_gpu else "gloo"
+
+
 def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16: bool) -> dict:
     lr = cfg.learner
     micro = math.ceil(cfg.sequences_per_rank / lr.minibatches / micro_batches)

@@ -51,9 +51,10 @@ from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
 from trainables.rewards.verify import REASONS
+from trainables.rollout.push import weight_push
 from trainables.rollout.service import StaleWeightsError
 from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.rollout.weight_sync import WeightGroupError, weight_push
+from trainables.rollout.weight_sync import WeightGroupError
 from trainables.step_log import StepLogger
 
 SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails

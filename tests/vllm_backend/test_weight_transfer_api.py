@@ -1,4 +1,5 @@
-"""The GPU weight transfers (`rollout.weight_transfer: nccl | ipc`) speak vLLM's weight transfer API.
+"""The GPU weight transfers (`rollout.weight_transfer: nccl | ipc`, trainables/rollout/push.py) speak
+vLLM's weight transfer API.
 
 NCCL and CUDA IPC cannot run without a GPU, so this checks what the CPU build can: every vLLM name the
 learner and the engine call exists with the arguments given, and vLLM's own info classes (which its

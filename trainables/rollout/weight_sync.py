@@ -1,9 +1,5 @@
-"""Weights from the learner to the rollout engines (`rollout.weight_transfer`).
-
-- object_store: one copy in Ray's object store, fetched by each engine. Simple, survives anything,
-  but the weights go through shared memory twice: fine on CPUs and for small models.
-- gloo / nccl: learner rank 0 broadcasts to every engine over a group of their own.
-- ipc: colocated engines map the learner's GPU copy through CUDA IPC handles.
+"""How weights travel from the learner to the rollout engines, on both sides: the transport, with no
+Ray in it (trainables/rollout/push.py drives it from the learner; the engines receive in service.py).
 
 One collective per parameter costs a round trip each (hundreds for a 7B model); one buffer for the
 whole model needs the model's size again in memory. So both sides agree on a plan (the tensors'
@@ -16,13 +12,11 @@ the same packing (double buffered) and loads each bucket as it lands.
 from __future__ import annotations
 
 import datetime
-from abc import ABC, abstractmethod
 import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import ray
 import torch
 import torch.distributed as dist
 
@@ -119,10 +113,6 @@ def gloo_group(host: str, port: int, rank: int, world_size: int, timeout_s: floa
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
-# -- the learner's side: rank 0 pushes a full state dict to every engine actor ---------------------------
-GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
-
-
 class WeightGroupError(RuntimeError):
     """A broadcast to the engines failed (a member left the group): push again, the group forms anew."""
 
@@ -136,127 +126,7 @@ def broadcast_errors(what: str):
         raise WeightGroupError(f"{what} failed ({e})") from e
 
 
-class ObjectStorePush:
-    """One copy of the weights in Ray's object store; every engine fetches it (`update_weights`)."""
-
-    def __init__(self, engines: list):
-        self.engines = engines
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        return state
-
-    def __call__(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        ref = ray.put(dict(state))
-        # Nested in a list, the ref reaches the actor unresolved, and it fetches the object itself.
-        ray.get([engine.update_weights.remote([ref], version) for engine in self.engines])
-
-
 NCCL_BUFFERS = 2  # the packed NCCL transfer's double buffering; both sides must agree
-
-
-class GroupPush(ABC):
-    """Learner rank 0 (group rank 0) broadcasts bucketed weights to every engine over a group of their
-    own, formed on the first push and again after any failure (an engine Ray restarted is a new process).
-
-    Subclasses say how the group forms on each side and how the bytes go: `GlooPush` on CPUs,
-    `NcclPush` between GPUs through vLLM's weight transfer engine.
-    """
-
-    def __init__(self, engines: list, bucket_bytes: int, ranks_per_engine: int = 1):
-        self.engines, self.bucket_bytes, self.ranks_per_engine = engines, bucket_bytes, ranks_per_engine
-        self.group = None
-        self.names: set[str] | None = None
-
-    @property
-    def world_size(self) -> int:
-        return 1 + self.ranks_per_engine * len(self.engines)
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        return state
-
-    def __call__(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        try:
-            if self.group is None:
-                # A restarting engine refuses calls (RayActorError): the caller retries before this side
-                # waits GROUP_TIMEOUT_S for a member that cannot come.
-                ray.get([engine.health.remote() for engine in self.engines])
-                host = ray.util.get_node_ip_address()
-                port = free_port(host)
-                # The engines' joins block until every member is there, this side's too: start them first.
-                joins = [self.join(engine, host, port, 1 + i * self.ranks_per_engine)
-                         for i, engine in enumerate(self.engines)]
-                with broadcast_errors("forming the weight group"):
-                    self.group = self.open(host, port)
-                self.names = ray.get(joins)[0]  # the names an engine loads (None: all it is given)
-            if self.names is not None:
-                state = {name: tensor for name, tensor in state.items() if name in self.names}
-            receives = [self.receive(engine, state, version) for engine in self.engines]
-            with broadcast_errors("the weight broadcast"):
-                self.send(state)
-            ray.get(receives)
-        except BaseException:
-            # Dropping this end closes its connections, which fails the other members' receives too;
-            # the next push forms the group anew (an engine Ray restarted is a new process).
-            self.group = None
-            raise
-
-    @abstractmethod
-    def join(self, engine, host: str, port: int, rank_offset: int):
-        """The engine's call joining the group at `rank_offset` (an ObjectRef: it blocks until all are
-        in); its value is the set of tensor names the engine loads, or None for any."""
-
-    @abstractmethod
-    def open(self, host: str, port: int):
-        """This side's end of the group, as rank 0."""
-
-    @abstractmethod
-    def receive(self, engine, state: Mapping[str, torch.Tensor], version: int):
-        """The engine's call receiving `state`'s broadcast and loading it (an ObjectRef)."""
-
-    @abstractmethod
-    def send(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Broadcast `state` from rank 0."""
-
-
-class GlooPush(GroupPush):
-    """Buckets of `pack` broadcast over gloo; each engine receives them in its actor process."""
-
-    def join(self, engine, host, port, rank_offset):
-        return engine.join_weight_group.remote(host, port, rank_offset, self.world_size, GROUP_TIMEOUT_S)
-
-    def open(self, host, port):
-        return gloo_group(host, port, 0, self.world_size, GROUP_TIMEOUT_S)
-
-    def receive(self, engine, state, version):
-        return engine.receive_weights.remote(describe(state), self.bucket_bytes, version)
-
-    def send(self, state):
-        send_buckets(state, describe(state), group=self.group, bucket_bytes=self.bucket_bytes)
-
-
-class NcclPush(GroupPush):
-    """vLLM's NCCL weight transfer (vLLM 0.32-0.33 API): the learner is rank 0 of a NCCL group with every
-    worker of every engine (`ranks_per_engine` = tensor_parallel_size), broadcasting packed buffers of
-    `bucket_bytes`, double buffered; the engines load them layer by layer (`VLLMEngine.transfer_weights`).
-    The state's tensors stay on the learner's GPU."""
-
-    def join(self, engine, host, port, rank_offset):
-        return engine.init_weight_transfer.remote(
-            nccl_init_info(host, port, rank_offset, self.world_size, self.bucket_bytes))
-
-    def open(self, host, port):
-        from vllm.distributed.weight_transfer.nccl_common import trainer_init
-
-        return trainer_init({"master_address": host, "master_port": port, "world_size": self.world_size}, rank=0)
-
-    def receive(self, engine, state, version):
-        return engine.transfer_weights.remote(tensor_list(state), version)
-
-    def send(self, state):
-        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
-
-        packed_nccl_broadcast_producer(iter(state.items()), self.group, src=0, post_iter_func=lambda item: item[1],
-                                       buffer_size_bytes=self.bucket_bytes, num_buffers=NCCL_BUFFERS)
 
 
 # What the engines' vLLM workers parse into its NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo,
@@ -280,53 +150,10 @@ def ipc_update_info(state: Mapping[str, torch.Tensor], handles: Mapping[str, dic
     return {**tensor_list(state), "ipc_handles": [dict(handles[name]) for name in state]}
 
 
-class IpcPush:
-    """Colocated engines (vLLM's IPC weight transfer, vLLM 0.32-0.33 API): no byte leaves the GPUs.
+def ipc_handles(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, tuple]]:
+    """{name: {this GPU's UUID: the CUDA IPC handle's rebuild arguments}}: another process on the same
+    GPU maps each tensor from them (vLLM's IPC weight transfer), nothing is copied."""
+    from torch.multiprocessing.reductions import reduce_tensor
 
-    Every learner rank holds the full weights on its GPU (`prepare`, a collective): each shares CUDA
-    IPC handles of its copy, keyed by its GPU's UUID, and the ranks all-gather them; rank 0 hands the
-    merged handles to every engine, and each engine maps the copy on its own GPU (a colocated engine
-    shares a learner rank's GPU) and reloads layer by layer. The copies must live until the engines are
-    done: the sync's closing barrier holds them.
-    """
-
-    def __init__(self, engines: list):
-        self.engines = engines
-        self.names: set[str] | None = None  # set once the engines' transfer engines are up
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> dict:
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        handles = {name: {gpu: reduce_tensor(tensor)[1]} for name, tensor in state.items()}
-        every_rank: list = [None] * dist.get_world_size()
-        dist.all_gather_object(every_rank, handles)
-        merged = {name: {k: v for rank_handles in every_rank for k, v in rank_handles[name].items()}
-                  for name in state}
-        return {"state": state, "handles": merged}
-
-    def __call__(self, prepared: dict, version: int) -> None:
-        try:
-            if self.names is None:
-                self.names = ray.get([engine.init_weight_transfer.remote(IPC_INIT_INFO)
-                                      for engine in self.engines])[0]
-            state = {name: t for name, t in prepared["state"].items() if name in self.names}
-            update = ipc_update_info(state, prepared["handles"])
-            ray.get([engine.transfer_weights.remote(update, version) for engine in self.engines])
-        except BaseException:
-            self.names = None  # a restarted engine sets its transfer engine up again
-            raise
-
-
-def weight_push(engines: list, cfg) -> ObjectStorePush | GroupPush | IpcPush:
-    """The learner's weight push for `rollout.weight_transfer` (cfg: the trial's RolloutConfig). Every
-    rank calls `prepare(state)` (a collective for ipc; the state itself otherwise), then rank 0 calls
-    the push with what it returned."""
-    bucket_bytes = cfg.weight_bucket_mb * 2**20
-    if cfg.weight_transfer == "gloo":
-        return GlooPush(engines, bucket_bytes)
-    if cfg.weight_transfer == "nccl":
-        return NcclPush(engines, bucket_bytes, ranks_per_engine=cfg.tensor_parallel_size)
-    if cfg.weight_transfer == "ipc":
-        return IpcPush(engines)
-    return ObjectStorePush(engines)
+    gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    return {name: {gpu: reduce_tensor(tensor)[1]} for name, tensor in state.items()}
