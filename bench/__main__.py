@@ -77,7 +77,7 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     from bench.engines import hf_figures, vllm_figures
 
-    repeats = 2 if quick else 10
+    repeats = 5 if quick else 10  # fewer than 5 left CI's quick ratios at the mercy of one slow call
     console.print(f"[bold]engines[/bold]: {repeats} interleaved calls per variant")
     hf, vllm = hf_figures(cfg, repeats), vllm_figures(cfg, repeats)
     rows = {"generation EAD / fixed, hf": hf["ead_over_fixed"],

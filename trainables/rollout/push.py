@@ -27,14 +27,18 @@ from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, broadca
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
 
 
-class ObjectStorePush:
-    """One copy of the weights in Ray's object store; every engine fetches it (`update_weights`)."""
+class WeightPush:
+    """`prepare(state)` on every learner rank, then `push(prepared, version)` on rank 0."""
 
     def __init__(self, engines: list):
         self.engines = engines
 
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    def prepare(self, state: Mapping[str, torch.Tensor]):
         return state
+
+
+class ObjectStorePush(WeightPush):
+    """One copy of the weights in Ray's object store; every engine fetches it (`update_weights`)."""
 
     def __call__(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         ref = ray.put(dict(state))
@@ -42,7 +46,7 @@ class ObjectStorePush:
         ray.get([engine.update_weights.remote([ref], version) for engine in self.engines])
 
 
-class GroupPush(ABC):
+class GroupPush(WeightPush, ABC):
     """Learner rank 0 (group rank 0) broadcasts bucketed weights to every engine over a group of their
     own, formed on the first push and again after any failure (an engine Ray restarted is a new process).
 
@@ -51,16 +55,14 @@ class GroupPush(ABC):
     """
 
     def __init__(self, engines: list, bucket_bytes: int, ranks_per_engine: int = 1):
-        self.engines, self.bucket_bytes, self.ranks_per_engine = engines, bucket_bytes, ranks_per_engine
+        super().__init__(engines)
+        self.bucket_bytes, self.ranks_per_engine = bucket_bytes, ranks_per_engine
         self.group = None
         self.names: set[str] | None = None
 
     @property
     def world_size(self) -> int:
         return 1 + self.ranks_per_engine * len(self.engines)
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        return state
 
     def __call__(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         try:
@@ -147,7 +149,7 @@ class NcclPush(GroupPush):
                                        buffer_size_bytes=self.bucket_bytes, num_buffers=NCCL_BUFFERS)
 
 
-class IpcPush:
+class IpcPush(WeightPush):
     """Colocated engines (vLLM's IPC weight transfer, vLLM 0.32-0.33 API): no byte leaves the GPUs.
 
     Every learner rank holds the full weights on its GPU (`prepare`, a collective): each shares CUDA
@@ -158,7 +160,7 @@ class IpcPush:
     """
 
     def __init__(self, engines: list):
-        self.engines = engines
+        super().__init__(engines)
         self.names: set[str] | None = None  # set once the engines' transfer engines are up
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> dict:
@@ -182,10 +184,8 @@ class IpcPush:
             raise
 
 
-def weight_push(engines: list, cfg) -> ObjectStorePush | GroupPush | IpcPush:
-    """The learner's weight push for `rollout.weight_transfer` (cfg: the trial's RolloutConfig). Every
-    rank calls `prepare(state)` (a collective for ipc; the state itself otherwise), then rank 0 calls
-    the push with what it returned."""
+def weight_push(engines: list, cfg) -> WeightPush:
+    """The learner's weight push for `rollout.weight_transfer` (cfg: the trial's RolloutConfig)."""
     bucket_bytes = cfg.weight_bucket_mb * 2**20
     if cfg.weight_transfer == "gloo":
         return GlooPush(engines, bucket_bytes)
