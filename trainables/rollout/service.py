@@ -4,7 +4,7 @@ A trial has `rollout.num_engines` of them (data parallel; one by default), in on
 
 Interface (every backend satisfies it): `generate(prompts, n, spec, weight_version) -> RolloutBatch`,
 `update_weights(state_dict_ref, version) -> version`, `health() -> dict`; the weights may also come by
-broadcast (`join_weight_group` + `receive_weights`; trainables/rollout/weight_sync.py). Learner ranks call
+broadcast (`join_weight_group` + `receive_weights`; trainables/rollout/push.py). Learner ranks call
 `generate` with their own shard of prompts; the actor serves the calls one after the other.
 
 Ray restarts the actor if its process dies; it comes back with the initial weights, so `generate`

@@ -21,7 +21,7 @@ Why this shape:
 - On GPUs the weights may come through vLLM's own weight transfer engine instead
   (`rollout.weight_transfer: nccl | ipc`; `init_weight_transfer`, `transfer_weights`): a NCCL
   broadcast of packed buckets, or CUDA IPC handles from the colocated learner; vLLM reloads them
-  layer by layer. The senders are weight_sync.NcclPush and IpcPush.
+  layer by layer. The senders are push.NcclPush and push.IpcPush.
 - vLLM is imported lazily, so this module imports without it; the processor class is built on first
   access (module `__getattr__`), which keeps it importable by name in vLLM's engine-core process.
 """
