@@ -48,16 +48,23 @@ def seconds_per_token(generate, prompts, n, spec: SamplingSpec, per: str) -> flo
     return seconds / max(sum(lengths) if per == "token" else max(lengths), 1)
 
 
-def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str, float]:
-    """Median seconds per token of each variant {name: (generate, spec)}, calls interleaved; the
-    first round warms caches and is dropped."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+def interleaved(measures: dict, repeats: int) -> dict[str, float]:
+    """Median of each measure {name: f(round) -> value}, called round by round in turn; the first
+    round warms caches (and forms groups) and is dropped."""
+    samples: dict[str, list[float]] = {name: [] for name in measures}
     for round_ in range(repeats + 1):
-        for i, (name, (generate, spec)) in enumerate(variants.items()):
-            value = seconds_per_token(generate, prompts, n, replace(spec, seed=spec.seed + round_), per)
+        for name, measure in measures.items():
+            value = measure(round_)
             if round_:
                 samples[name].append(value)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str, float]:
+    """Median seconds per token of each variant {name: (generate, spec)}, calls interleaved."""
+    return interleaved({name: lambda round_, generate=generate, spec=spec: seconds_per_token(
+        generate, prompts, n, replace(spec, seed=spec.seed + round_), per)
+        for name, (generate, spec) in variants.items()}, repeats)
 
 
 def ratios(per_token: dict[str, float]) -> dict[str, float]:
@@ -102,15 +109,15 @@ def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str
     on CPUs, interleaved (the gloo group forms in the dropped first round, as in a trial's first sync)."""
     from trainables.rollout.push import GlooPush, ObjectStorePush
 
-    pushes = {"object_store": ObjectStorePush([service]), "gloo": GlooPush([service], bucket_mb * 2**20)}
-    samples: dict[str, list[float]] = {name: [] for name in pushes}
-    for round_ in range(repeats + 1):
-        for name, push in pushes.items():
+    def timed(push):
+        def measure(round_: int) -> float:
             start = time.perf_counter()
             push(state, round_ + 1)
-            if round_:
-                samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+            return time.perf_counter() - start
+        return measure
+
+    return interleaved({"object_store": timed(ObjectStorePush([service])),
+                        "gloo": timed(GlooPush([service], bucket_mb * 2**20))}, repeats)
 
 
 def vllm_figures(cfg: TrialConfig, repeats: int) -> dict[str, float] | str:

@@ -135,8 +135,8 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trainables.rollout.service import remove_engine_group, start_rollout_engines
     from trainables.learner import process_group_backend
+    from trainables.rollout.service import remove_engine_group, start_rollout_engines
     from trainables.trial import train_loop_per_worker
 
     engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)

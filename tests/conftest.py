@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -47,9 +46,9 @@ def ray_cluster():
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from trainables.rollout.weight_sync import free_port
+
+    return free_port("127.0.0.1")
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ by the world size to turn the average back into that global sum).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,12 +232,13 @@ class Learner:
             # the whole buffer: clone, or each of the ~50 tensors drags all the weights along.
             return tensor.detach().to(tensor.device if keep_device else "cpu", copy=True)
 
-        if self.cfg.learner.zero_stage == 3:
+        gathered = contextlib.nullcontext()
+        if self.cfg.learner.zero_stage == 3:  # each rank holds a shard: gather the whole of every parameter
             import deepspeed
 
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return {k: copy(v) for k, v in module.state_dict().items()}
-        return {k: copy(v) for k, v in module.state_dict().items()}
+            gathered = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+        with gathered:
+            return {k: copy(v) for k, v in module.state_dict().items()}
 
     def save(self, folder: str | Path, client_state: dict) -> None:
         self.engine.save_checkpoint(str(folder), tag="engine", client_state=client_state)

@@ -80,9 +80,10 @@ class GroupPush(WeightPush, ABC):
                 self.names = ray.get(joins)[0]  # the names an engine loads (None: all it is given)
             if self.names is not None:
                 state = {name: tensor for name, tensor in state.items() if name in self.names}
-            receives = [self.receive(engine, state, version) for engine in self.engines]
+            info = self.update_info(state)  # what every engine is told to expect, built once
+            receives = [self.receive(engine, info, version) for engine in self.engines]
             with broadcast_errors("the weight broadcast"):
-                self.send(state)
+                self.send(state, info)
             ray.get(receives)
         except BaseException:
             # Dropping this end closes its connections, which fails the other members' receives too;
@@ -100,11 +101,15 @@ class GroupPush(WeightPush, ABC):
         """This side's end of the group, as rank 0."""
 
     @abstractmethod
-    def receive(self, engine, state: Mapping[str, torch.Tensor], version: int):
-        """The engine's call receiving `state`'s broadcast and loading it (an ObjectRef)."""
+    def update_info(self, state: Mapping[str, torch.Tensor]):
+        """The names, shapes and dtypes the receivers need, in the form their side takes."""
 
     @abstractmethod
-    def send(self, state: Mapping[str, torch.Tensor]) -> None:
+    def receive(self, engine, info, version: int):
+        """The engine's call receiving the broadcast `info` describes and loading it (an ObjectRef)."""
+
+    @abstractmethod
+    def send(self, state: Mapping[str, torch.Tensor], info) -> None:
         """Broadcast `state` from rank 0."""
 
 
@@ -117,11 +122,14 @@ class GlooPush(GroupPush):
     def open(self, host, port):
         return gloo_group(host, port, 0, self.world_size, GROUP_TIMEOUT_S)
 
-    def receive(self, engine, state, version):
-        return engine.receive_weights.remote(describe(state), self.bucket_bytes, version)
+    def update_info(self, state):
+        return describe(state)
 
-    def send(self, state):
-        send_buckets(state, describe(state), group=self.group, bucket_bytes=self.bucket_bytes)
+    def receive(self, engine, info, version):
+        return engine.receive_weights.remote(info, self.bucket_bytes, version)
+
+    def send(self, state, info):
+        send_buckets(state, info, group=self.group, bucket_bytes=self.bucket_bytes)
 
 
 class NcclPush(GroupPush):
@@ -139,10 +147,13 @@ class NcclPush(GroupPush):
 
         return trainer_init({"master_address": host, "master_port": port, "world_size": self.world_size}, rank=0)
 
-    def receive(self, engine, state, version):
-        return engine.transfer_weights.remote(tensor_list(state), version)
+    def update_info(self, state):
+        return tensor_list(state)
 
-    def send(self, state):
+    def receive(self, engine, info, version):
+        return engine.transfer_weights.remote(info, version)
+
+    def send(self, state, info):
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
         packed_nccl_broadcast_producer(iter(state.items()), self.group, src=0, post_iter_func=lambda item: item[1],
