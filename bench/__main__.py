@@ -37,6 +37,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "step time oger / luffy": ("<=", 1.10),
     "step time luffy / grpo": None,
     "step time oger / grpo": None,
+    "step time oger less its encoder's busy time / luffy": None,
     "generation EAD / fixed, hf": ("<=", 1.03),
     "generation EAD recipe / T = 1, hf (longer samples)": None,
     "generation EAD / fixed, vllm": ("<=", 1.03),
@@ -77,8 +78,11 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     from bench.engines import hf_figures, vllm_figures
 
-    repeats = 5 if quick else 10  # fewer than 5 left CI's quick ratios at the mercy of one slow call
-    console.print(f"[bold]engines[/bold]: {repeats} interleaved calls per variant")
+    # This machine's speed swings by ~10 % from one 0.3 s call to the next: a median of 10 paired ratios
+    # still moved by +-5 % between runs; 24 halve that. Fewer than 5 left CI's quick ratios at the mercy
+    # of one slow call.
+    repeats = 8 if quick else 24
+    console.print(f"[bold]engines[/bold]: {repeats} rounds of interleaved calls (the service pair: {2 * repeats})")
     hf, vllm = hf_figures(cfg, repeats), vllm_figures(cfg, repeats)
     rows = {"generation EAD / fixed, hf": hf["ead_over_fixed"],
             "generation EAD recipe / T = 1, hf (longer samples)": hf["ead_recipe_over_fixed"],
@@ -126,6 +130,7 @@ def print_phases(figures: dict) -> None:
     for phase in phases:
         table.add_row(phase, *(f"{f['phase_share_of_step'][phase]:.1%}" for f in figures.values()))
     table.add_row("mean step (s)", *(f"{f['mean_step_s']:.2f}" for f in figures.values()))
+    table.add_row("encoder busy (s per step)", *(f"{f['encoder_s_per_step']:.2f}" for f in figures.values()))
     console.print(table)
     table = Table(title="start-up, seconds per stage (timing/startup_*)")
     table.add_column("stage")

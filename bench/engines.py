@@ -3,7 +3,8 @@ backend), the rollout service actor against the same engine called in this proce
 push to the service through Ray's object store against a gloo broadcast.
 
 The batch is one learner rank's share of a step of the spec (its prompts x group size, its token cap).
-Variants alternate call by call and the median of each is compared, so a noisy neighbour hits both.
+Variants alternate call by call on the same seeds; a ratio is the interquartile mean over rounds of
+the ratio within a round, so a noisy neighbour or a drift of the machine's speed hits both sides of it.
 """
 
 from __future__ import annotations
@@ -48,28 +49,41 @@ def seconds_per_token(generate, prompts, n, spec: SamplingSpec, per: str) -> flo
     return seconds / max(sum(lengths) if per == "token" else max(lengths), 1)
 
 
-def interleaved(measures: dict, repeats: int) -> dict[str, float]:
-    """Median of each measure {name: f(round) -> value}, called round by round in turn; the first
-    round warms caches (and forms groups) and is dropped."""
+def interleaved(measures: dict, repeats: int) -> dict[str, list[float]]:
+    """Each measure {name: f(round) -> value}, called round by round in turn: {name: a value per round}.
+    Odd rounds go in reverse order, so no measure always follows the same one. The first round warms
+    caches (and forms groups) and is dropped."""
     samples: dict[str, list[float]] = {name: [] for name in measures}
     for round_ in range(repeats + 1):
-        for name, measure in measures.items():
-            value = measure(round_)
+        for name in list(measures)[::-1 if round_ % 2 else 1]:
+            value = measures[name](round_)
             if round_:
                 samples[name].append(value)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
-def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str, float]:
-    """Median seconds per token of each variant {name: (generate, spec)}, calls interleaved."""
+def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float:
+    """Interquartile mean over rounds of a / b within a round. This machine's speed drifts by tens of
+    percent over seconds; the two calls of a round, made one after the other on the same seed, share
+    it. The middle half of the ratios: a stray slow call does not move it, and it averages more of the
+    rounds than a median does."""
+    middle = sorted(x / y for x, y in zip(samples[a], samples[b]))
+    cut = len(middle) // 4
+    return statistics.fmean(middle[cut:len(middle) - cut])
+
+
+def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str, list[float]]:
+    """Seconds per token of each variant {name: (generate, spec)} per round, calls interleaved; every
+    variant of a round samples with the same seed."""
     return interleaved({name: lambda round_, generate=generate, spec=spec: seconds_per_token(
         generate, prompts, n, replace(spec, seed=spec.seed + round_), per)
         for name, (generate, spec) in variants.items()}, repeats)
 
 
-def ratios(per_token: dict[str, float]) -> dict[str, float]:
-    return {"ead_over_fixed": per_token["ead_t1"] / per_token["fixed"],
-            "ead_recipe_over_fixed": per_token["ead"] / per_token["fixed"]}
+def ratios(per_token: dict[str, list[float]]) -> dict[str, float]:
+    return {"ead_over_fixed": paired_ratio(per_token, "ead_t1", "fixed"),
+            "ead_recipe_over_fixed": paired_ratio(per_token, "ead", "fixed"),
+            "seconds_per_token": per_token}
 
 
 def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
@@ -93,19 +107,25 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
         def remote(p, k, spec):
             return ray.get(service.generate.remote(p, k, spec))
 
-        per_token = side_by_side({**{name: (engine.generate, spec) for name, spec in specs.items()},
-                                  "service": (remote, specs["ead"])}, prompts, n, repeats, per="step")
+        per_token = side_by_side({name: (engine.generate, spec) for name, spec in specs.items()},
+                                 prompts, n, repeats, per="step")
+        # A pair of its own: each variant follows the other, so each starts with the caches the other
+        # left (the tiny model fits in them: after two direct calls in a row the service would start
+        # cold every time). Twice the rounds: the noisiest row.
+        served = side_by_side({"direct": (engine.generate, specs["ead"]), "service": (remote, specs["ead"])},
+                              prompts, n, 2 * repeats, per="step")
         push = push_seconds(service, engine.model.state_dict(), cfg.rollout.weight_bucket_mb, repeats)
     finally:
         ray.kill(service)
     return {**ratios(per_token),
             # throughput ratio = inverse time ratio
-            "service_over_direct": per_token["ead"] / per_token["service"], "threads": threads,
-            "push_seconds": push, "gloo_over_object_store": push["gloo"] / push["object_store"]}
+            "service_over_direct": paired_ratio(served, "direct", "service"), "threads": threads,
+            "seconds_per_token_served": served, "push_seconds": push,
+            "gloo_over_object_store": paired_ratio(push, "gloo", "object_store")}
 
 
-def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str, float]:
-    """Median seconds of one full weight push to the service by each `rollout.weight_transfer` that runs
+def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds of one full weight push to the service by each `rollout.weight_transfer` that runs
     on CPUs, interleaved (the gloo group forms in the dropped first round, as in a trial's first sync)."""
     from trainables.rollout.push import GlooPush, ObjectStorePush
 

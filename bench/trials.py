@@ -19,7 +19,7 @@ from orchestrator.tracking import Tracker
 COMPUTE = ("generate", "score", "old_logprob", "offline", "update")  # the model's work
 STARTUP = ("workers", "data", "learner", "restore_and_sync")  # timing/startup_<stage>
 KEYS = (*COMPUTE, "sync", "step", "report", "checkpoint", "startup", *(f"startup_{s}" for s in STARTUP),
-        "loop_wall", "logging")
+        "loop_wall", "logging", "encoder")
 WARMUP_STEPS = 2
 
 
@@ -51,6 +51,7 @@ def steady_figures(history: dict[str, dict[int, float]], steps: int, checkpoint_
         "phase_share_of_step": {**shares, "other": 1 - sum(shares.values())},
         "steady_steps": b - a,
         "mean_step_s": step_total / (b - a),
+        "encoder_s_per_step": total("encoder", a + 1, b) / (b - a),  # oger*: the encoder actor's busy time
         "compute_s": compute,
         "wall_s": wall,
         # checkpoints have their own row: the overhead is the rest of what is not the model's work
@@ -77,4 +78,8 @@ def algorithm_ratios(spec: str, storage: str, steps: int, overrides: list[str],
         figures[algorithm] = {**steady_figures(history, steps, every), "checkpoint_every": every}
     ratios = {f"{x} / {y}": figures[x]["mean_step_s"] / figures[y]["mean_step_s"]
               for i, x in enumerate(algorithms) for y in algorithms[:i]}
+    if {"oger", "luffy"} <= figures.keys():  # what OGER adds besides its encoder's compute
+        oger = figures["oger"]
+        ratios["oger less its encoder's busy time / luffy"] = (
+            (oger["mean_step_s"] - oger["encoder_s_per_step"]) / figures["luffy"]["mean_step_s"])
     return figures, ratios

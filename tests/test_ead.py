@@ -12,6 +12,7 @@ from trainables.rollout.ead import (
     ead_temperature,
     ead_temperatures,
     fixed_temperature,
+    tau_table,
 )
 
 RECIPE = dict(tau_max=1.2, tau_min=0.1, d0=25.0, warmup_tokens=10, time_scale=20.0)
@@ -82,3 +83,15 @@ def test_registry_one_signature():
     fixed = SCHEDULES["fixed"](positions, 3, temperature=0.6)
     assert fixed.tolist() == pytest.approx([0.6] * 3)
     assert fixed_temperature(123, 3, temperature=0.6) == 0.6
+
+
+def test_tau_table_is_the_schedule_at_every_position_of_the_cap():
+    params = tuple(sorted(RECIPE.items()))
+    table = tau_table("ead", params, 7, 500)
+    assert len(table) == 500  # t = 0 .. 499: the positions a 500-token response samples at
+    schedule = SCHEDULES["ead"](torch.arange(500), 7, **RECIPE)
+    assert torch.equal(torch.tensor(table), schedule)  # bit for bit: engines divide by these very values
+    assert table[0] == 1.0 and table[-1] < table[10]  # warm-up at 1, then annealed
+    assert tau_table("ead", params, 7, 500) is table  # computed once, shared by the requests that use it
+    assert tau_table("ead", params, 8, 500) != table  # the step-aware decay: another step, another table
+    assert set(tau_table("fixed", (("temperature", 0.6),), 0, 3)) == {torch.tensor(0.6).item()}

@@ -65,7 +65,7 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
 
 OGER_METRICS = ("oger/divergence_mean", "oger/last_token_entropy_mean", "oger/exploration_mean",
                 "oger/exploration_max", "offline/replaced", "offline/accuracy", "rollout/accuracy_online_kept",
-                "policy/offpolicy_token_share")
+                "policy/offpolicy_token_share", "timing/encoder")
 
 
 @pytest.mark.slow
@@ -76,6 +76,7 @@ def test_oger_trial_runs_and_records_its_metrics(ray_cluster, tiny_model_path, t
     final = train.run(cfg)
     assert final["offline/replaced"] == cfg.learner.prompts_per_step * cfg.algorithm.replacement_density
     assert 0 < final["policy/offpolicy_token_share"] < 1
+    assert 0 < final["timing/encoder"] < final["timing/step"] * cfg.learner.num_workers  # each rank's texts, once
     tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     for key in OGER_METRICS:

@@ -14,7 +14,7 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
     policy/offpolicy_token_share, faults/service_losses (cumulative, rank 0), and at a resume
     faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
     rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
-    exploration_mean,exploration_max}.
+    exploration_mean,exploration_max}, timing/encoder (the encoder actor's busy seconds, every rank's texts).
     Every `validation.every` steps: val/<benchmark>/{avg_at_k,pass_at_1,...,maj_at_k,worst_at_k,
     response_length} (ValidationConfig.metric_names), val/accuracy (avg@k over the benchmarks),
     val/response_length. progress/{step,optimizer_step}.
@@ -285,16 +285,21 @@ class Trial:
         cfg = self.cfg
         finished = torch.tensor([r == "stop" for r in rollouts.finish_reasons])
         last_entropy = last_token_entropy(entropy, batch.response_mask, finished, cfg.algorithm.last_token)
-        embed = None if embeddings is None else (lambda texts, keys: ray.get(embeddings))  # noqa: E731
+        embed, encoder_seconds = None, 0.0
+        if embeddings is not None:
+            online_emb, offline_emb, encoder_seconds = ray.get(embeddings)
+            embed = lambda texts, keys: (online_emb, offline_emb)  # noqa: E731
         golds = [p.answer for p in problems]
 
-        return build_hybrid(
+        hybrid = build_hybrid(
             rollouts, [p.question for p in problems], golds, rewards, last_entropy, preset=cfg.preset,
             k=cfg.algorithm.replacement_density, store=self.store, embed=embed,
             score=lambda texts, answers: self.score_texts(texts, answers)[0],
             tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens,
             rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
         )
+        hybrid.metrics["encoder_seconds"] = encoder_seconds
+        return hybrid
 
     def offline_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """oger/* and offline/* of the step (reduced over ranks); nothing for grpo."""
@@ -310,7 +315,8 @@ class Trial:
         }
         if self.cfg.preset.needs_embeddings:
             scored = max(s["oger_scored"], 1.0)
-            out |= {"oger/divergence_mean": s["oger_divergence"] / scored,
+            out |= {"timing/encoder": s["encoder_seconds"],  # the encoder actor's busy time, every rank's texts
+                    "oger/divergence_mean": s["oger_divergence"] / scored,
                     "oger/last_token_entropy_mean": s["oger_entropy"] / scored,
                     "oger/exploration_mean": s["oger_exploration"] / scored,
                     "oger/exploration_max": exploration_max}

@@ -7,6 +7,8 @@ taken before the schedule, shows as a mismatch with the recomputation.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -68,7 +70,8 @@ def test_processor_follows_each_request_position():
 
     from trainables.rollout.vllm_engine import ScheduledTemperatureProcessor
 
-    proc = ScheduledTemperatureProcessor(None, torch.device("cpu"), False)
+    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))  # the one field it reads
+    proc = ScheduledTemperatureProcessor(config, torch.device("cpu"), False)
     ead = SamplingParams(extra_args={SCHEDULE_KEY: "ead", PARAMS_KEY: EAD, STEP_KEY: EAD_STEP})
     fixed = SamplingParams(extra_args={SCHEDULE_KEY: "fixed", PARAMS_KEY: {"temperature": 0.5}})
     out_a, out_b, out_c = [], [7, 7, 7, 7, 7], []

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -196,10 +197,12 @@ class EmbeddingService:
         self.offline = offline
         self.encoder.warm_offline(offline)
 
-    def embed(self, texts: list[str], keys: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(online embeddings [B, d], {key: offline embeddings [M, d]} for the keys with offline data)."""
+    def embed(self, texts: list[str], keys: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+        """(online embeddings [B, d], {key: offline embeddings [M, d]} for the keys with offline data,
+        the seconds this call kept the encoder busy)."""
+        start = time.perf_counter()
         offline = {k: self.encoder.encode_offline(k, self.offline[k]) for k in keys if k in self.offline}
-        return self.encoder.encode(texts), offline
+        return self.encoder.encode(texts), offline, time.perf_counter() - start
 
     def stats(self) -> dict[str, int]:
         enc = self.encoder

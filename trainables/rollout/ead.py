@@ -17,6 +17,7 @@ Validation of the parameters (tau_min <= tau_max, ...) lives in the config layer
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -100,3 +101,14 @@ SCHEDULES: dict[str, TemperatureSchedule] = {
     "ead": ead_temperatures,
     "fixed": fixed_temperatures,
 }
+
+
+@functools.lru_cache(maxsize=64)
+def tau_table(schedule: str, params: tuple[tuple[str, float], ...], step: int, max_tokens: int) -> tuple[float, ...]:
+    """tau_t of one schedule at every position a response of max_tokens samples at, t = 0 .. max_tokens - 1.
+
+    params: the schedule's keyword arguments as sorted (name, value) pairs. Computed once per
+    (schedule, params, step, cap) and shared, so an engine's decode step is a lookup, whatever the schedule.
+    """
+    positions = torch.arange(max(max_tokens, 1), dtype=torch.long)  # [max_tokens]
+    return tuple(SCHEDULES[schedule](positions, step, **dict(params)).tolist())

@@ -15,7 +15,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from trainables.data.bootstrap import load_policy
-from trainables.rollout.ead import SCHEDULES
+from trainables.rollout.ead import tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 
 
@@ -34,16 +34,18 @@ class ScheduledTemperature(LogitsProcessor):
     """Divides the logits of generated token t by the schedule's tau_t, then applies top_p."""
 
     def __init__(self, spec: SamplingSpec, prompt_width: int):
-        self.schedule = SCHEDULES[spec.schedule]
+        self.taus = tau_table(spec.schedule, tuple(sorted(spec.params.items())), spec.step, spec.max_new_tokens)
+        self.tau_by_position = None  # the table as a tensor of the logits' dtype and device, once seen
         self.spec = spec
         self.prompt_width = prompt_width  # prompts are left-padded to one width
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # input_ids [B, prompt_width + t]: t tokens generated so far, so this is token index t.
+        # input_ids [B, prompt_width + t]: t tokens generated so far, so this is token index t for
+        # every row of the static batch.
         t = input_ids.shape[1] - self.prompt_width
-        positions = torch.full((scores.shape[0],), t, dtype=torch.long)
-        tau = self.schedule(positions, self.spec.step, **self.spec.params).to(scores)  # [B]
-        return top_p_filter(scores / tau[:, None], self.spec.top_p)
+        if self.tau_by_position is None:
+            self.tau_by_position = torch.tensor(self.taus).to(scores)  # [max_new_tokens]
+        return top_p_filter(scores / self.tau_by_position[t], self.spec.top_p)
 
 
 class HFEngine:

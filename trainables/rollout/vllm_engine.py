@@ -5,7 +5,7 @@ What: `VLLMEngine(model_path).generate(prompts, n, spec) -> RolloutBatch` and
 
 Why this shape:
 - The per-token schedule (EAD or fixed) is a V1 logits processor, `ScheduledTemperatureProcessor`,
-  fed per request through `SamplingParams.extra_args`; it calls `trainables.rollout.ead.SCHEDULES`,
+  fed per request through `SamplingParams.extra_args`; it calls `trainables.rollout.ead.tau_table`,
   so its temperatures are exactly the pure schedule's (and HFEngine's). vLLM's own temperature stays
   1.0 for every schedule, `fixed` included: one code path, and the division happens at the same
   point as in HFEngine (temperature, then top_p).
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from trainables.rollout.ead import SCHEDULES
+from trainables.rollout.ead import SCHEDULES, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 
 # Keys of SamplingParams.extra_args read by the processor.
@@ -54,10 +54,12 @@ def _build_processor_class():
     class ScheduledTemperatureProcessor(LogitsProcessor):
         """Divides the logits of each scheduled request by tau_t, t = tokens it has generated so far.
 
-        Per batch row it keeps (schedule key, output token list). The list is the request's running
-        output list, passed by reference in `BatchUpdate.added` and appended to by the model runner
-        (with async scheduling, a placeholder -1 per token in flight), so its length at `apply` is
-        the index t of the token being sampled: 0 for the first generated token.
+        Per batch row it keeps (tau table, output token list). The table holds the request's schedule
+        at every position it can sample (`tau_table`, shared by the requests of one schedule); the
+        list is the request's running output list, passed by reference in `BatchUpdate.added` and
+        appended to by the model runner (with async scheduling, a placeholder -1 per token in
+        flight), so its length at `apply` is the index t of the token being sampled: 0 for the
+        first generated token. A decode step is then one lookup per row and one division.
         """
 
         @classmethod
@@ -72,8 +74,8 @@ def _build_processor_class():
 
         def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
             self.device = device
-            # batch row -> ((schedule, sorted params, step), output token ids of that request)
-            self.rows: dict[int, tuple[tuple, list[int]]] = {}
+            self.max_model_len = vllm_config.model_config.max_model_len  # the cap when max_tokens is None
+            self.rows: dict[int, tuple[tuple[float, ...], list[int]]] = {}  # batch row -> (taus, output ids)
 
         def is_argmax_invariant(self) -> bool:
             # True places it after vLLM's temperature (1.0) and before top-k/top-p, on the random
@@ -90,9 +92,9 @@ def _build_processor_class():
             for index, params, _prompt_ids, output_ids in batch_update.added:
                 args = params.extra_args or {}
                 if SCHEDULE_KEY in args:
-                    key = (args[SCHEDULE_KEY], tuple(sorted(args.get(PARAMS_KEY, {}).items())),
-                           int(args.get(STEP_KEY, 0)))
-                    self.rows[index] = (key, output_ids)  # keep the reference: it grows in place
+                    taus = tau_table(args[SCHEDULE_KEY], tuple(sorted(args.get(PARAMS_KEY, {}).items())),
+                                     int(args.get(STEP_KEY, 0)), params.max_tokens or self.max_model_len)
+                    self.rows[index] = (taus, output_ids)  # keep the reference: it grows in place
                 else:
                     self.rows.pop(index, None)  # a new request may take a scheduled one's row
             for a, b, direction in batch_update.moved:
@@ -105,16 +107,10 @@ def _build_processor_class():
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
             if not self.rows:
                 return logits
-            groups: dict[tuple, tuple[list[int], list[int]]] = {}  # key -> (rows, positions)
-            for row, (key, output_ids) in self.rows.items():
-                rows, positions = groups.setdefault(key, ([], []))
-                rows.append(row)
-                positions.append(len(output_ids))
-            for (name, params, step), (rows, positions) in groups.items():
-                tau = SCHEDULES[name](torch.tensor(positions, dtype=torch.long), step, **dict(params))  # [k]
-                index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-                logits[index] = logits[index] / tau.to(logits.device, logits.dtype)[:, None]
-            return logits
+            tau = [1.0] * logits.shape[0]  # x / 1 is exact: unscheduled rows are unchanged
+            for row, (taus, output_ids) in self.rows.items():
+                tau[row] = taus[min(len(output_ids), len(taus) - 1)]
+            return logits.div_(torch.tensor(tau, dtype=logits.dtype, device=logits.device)[:, None])
 
     ScheduledTemperatureProcessor.__module__ = __name__
     ScheduledTemperatureProcessor.__qualname__ = "ScheduledTemperatureProcessor"
