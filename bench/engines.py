@@ -36,7 +36,8 @@ def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, dict[str, Sam
         ead = replace(ead, schedule="ead", params=cfg.rollout.decoding.ead.model_dump())
     fixed = replace(ead, schedule="fixed", params={"temperature": 1.0})
     ead_t1 = replace(ead, params={**ead.params, "warmup_tokens": ead.max_new_tokens})
-    return model_path, prompts, cfg.rollout.group_size, {"fixed": fixed, "ead": ead, "ead_t1": ead_t1}
+    # fixed and ead_t1 next to each other: the two calls of their ratio follow one another
+    return model_path, prompts, cfg.rollout.group_size, {"fixed": fixed, "ead_t1": ead_t1, "ead": ead}
 
 
 def seconds_per_token(generate, prompts, n, spec: SamplingSpec, per: str) -> float:
@@ -80,13 +81,13 @@ def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str
         for name, (generate, spec) in variants.items()}, repeats)
 
 
-def ratios(per_token: dict[str, list[float]]) -> dict[str, float]:
+def ratios(per_token: dict[str, list[float]]) -> dict:
     return {"ead_over_fixed": paired_ratio(per_token, "ead_t1", "fixed"),
             "ead_recipe_over_fixed": paired_ratio(per_token, "ead", "fixed"),
             "seconds_per_token": per_token}
 
 
-def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
+def hf_figures(cfg: TrialConfig, repeats: int) -> dict:
     """HF engine: EAD / fixed, and the service actor's throughput over the in-process engine's."""
     import ray
     import torch
@@ -109,9 +110,9 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict[str, float]:
 
         per_token = side_by_side({name: (engine.generate, spec) for name, spec in specs.items()},
                                  prompts, n, repeats, per="step")
-        # A pair of its own: each variant follows the other, so each starts with the caches the other
-        # left (the tiny model fits in them: after two direct calls in a row the service would start
-        # cold every time). Twice the rounds: the noisiest row.
+        # A pair of its own, in alternating order: each side starts as often with its own caches warm
+        # as with the other's (the tiny model fits in them; after the direct variants' calls in a row
+        # the service would start cold every time). Twice the rounds: the noisiest row.
         served = side_by_side({"direct": (engine.generate, specs["ead"]), "service": (remote, specs["ead"])},
                               prompts, n, 2 * repeats, per="step")
         push = push_seconds(service, engine.model.state_dict(), cfg.rollout.weight_bucket_mb, repeats)
@@ -140,7 +141,7 @@ def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str
                         "gloo": timed(GlooPush([service], bucket_mb * 2**20))}, repeats)
 
 
-def vllm_figures(cfg: TrialConfig, repeats: int) -> dict[str, float] | str:
+def vllm_figures(cfg: TrialConfig, repeats: int) -> dict | str:
     """vLLM engine (where installed): EAD through the logits processor / vLLM's own temperature."""
     import os
 

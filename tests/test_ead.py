@@ -86,12 +86,11 @@ def test_registry_one_signature():
 
 
 def test_tau_table_is_the_schedule_at_every_position_of_the_cap():
-    params = tuple(sorted(RECIPE.items()))
-    table = tau_table("ead", params, 7, 500)
+    table = tau_table("ead", RECIPE, 7, 500)
     assert len(table) == 500  # t = 0 .. 499: the positions a 500-token response samples at
     schedule = SCHEDULES["ead"](torch.arange(500), 7, **RECIPE)
     assert torch.equal(torch.tensor(table), schedule)  # bit for bit: engines divide by these very values
     assert table[0] == 1.0 and table[-1] < table[10]  # warm-up at 1, then annealed
-    assert tau_table("ead", params, 7, 500) is table  # computed once, shared by the requests that use it
-    assert tau_table("ead", params, 8, 500) != table  # the step-aware decay: another step, another table
-    assert set(tau_table("fixed", (("temperature", 0.6),), 0, 3)) == {torch.tensor(0.6).item()}
+    assert tau_table("ead", dict(reversed(RECIPE.items())), 7, 500) is table  # computed once, shared
+    assert tau_table("ead", RECIPE, 8, 500) != table  # the step-aware decay: another step, another table
+    assert set(tau_table("fixed", {"temperature": 0.6}, 0, 3)) == {torch.tensor(0.6).item()}

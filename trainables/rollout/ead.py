@@ -103,12 +103,16 @@ SCHEDULES: dict[str, TemperatureSchedule] = {
 }
 
 
-@functools.lru_cache(maxsize=64)
-def tau_table(schedule: str, params: tuple[tuple[str, float], ...], step: int, max_tokens: int) -> tuple[float, ...]:
+def tau_table(schedule: str, params: dict[str, float], step: int, max_tokens: int) -> tuple[float, ...]:
     """tau_t of one schedule at every position a response of max_tokens samples at, t = 0 .. max_tokens - 1.
 
-    params: the schedule's keyword arguments as sorted (name, value) pairs. Computed once per
-    (schedule, params, step, cap) and shared, so an engine's decode step is a lookup, whatever the schedule.
+    Computed once per (schedule, params, step, cap) and shared, so an engine's decode step is a
+    lookup, whatever the schedule.
     """
+    return _tau_table(schedule, tuple(sorted(params.items())), step, max_tokens)
+
+
+@functools.lru_cache(maxsize=64)
+def _tau_table(schedule: str, params: tuple[tuple[str, float], ...], step: int, max_tokens: int) -> tuple[float, ...]:
     positions = torch.arange(max(max_tokens, 1), dtype=torch.long)  # [max_tokens]
     return tuple(SCHEDULES[schedule](positions, step, **dict(params)).tolist())

@@ -34,7 +34,7 @@ class ScheduledTemperature(LogitsProcessor):
     """Divides the logits of generated token t by the schedule's tau_t, then applies top_p."""
 
     def __init__(self, spec: SamplingSpec, prompt_width: int):
-        self.taus = tau_table(spec.schedule, tuple(sorted(spec.params.items())), spec.step, spec.max_new_tokens)
+        self.taus = tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)
         self.tau_by_position = None  # the table as a tensor of the logits' dtype and device, once seen
         self.spec = spec
         self.prompt_width = prompt_width  # prompts are left-padded to one width

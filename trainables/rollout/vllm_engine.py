@@ -92,8 +92,8 @@ def _build_processor_class():
             for index, params, _prompt_ids, output_ids in batch_update.added:
                 args = params.extra_args or {}
                 if SCHEDULE_KEY in args:
-                    taus = tau_table(args[SCHEDULE_KEY], tuple(sorted(args.get(PARAMS_KEY, {}).items())),
-                                     int(args.get(STEP_KEY, 0)), params.max_tokens or self.max_model_len)
+                    taus = tau_table(args[SCHEDULE_KEY], args.get(PARAMS_KEY, {}), int(args.get(STEP_KEY, 0)),
+                                     params.max_tokens or self.max_model_len)
                     self.rows[index] = (taus, output_ids)  # keep the reference: it grows in place
                 else:
                     self.rows.pop(index, None)  # a new request may take a scheduled one's row
