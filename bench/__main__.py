@@ -12,7 +12,7 @@ noise), checked against its target, printed as one table and written as JSON:
            wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
-full run takes about 12 minutes on 2 cores. docs/performance.md explains the cost model.
+full run takes about 8 minutes on 2 cores. docs/performance.md explains the cost model.
 """
 
 from __future__ import annotations

@@ -53,7 +53,9 @@ def logical_cpus(cfg: TrialConfig) -> int:
     Rollout and learner phases alternate, so oversubscribing the cores is cheap; without it a
     2-core machine cannot even place one worker group (RESEARCH.md, Ray).
     """
-    need = cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus * cfg.rollout.num_engines + 1
+    encoder = cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0
+    need = (cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus * cfg.rollout.num_engines
+            + encoder + 1)
     return max(int(need + 0.999), os.cpu_count() or 1)
 
 

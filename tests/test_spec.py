@@ -120,3 +120,14 @@ def test_validation_benchmarks_name_their_metrics_and_paths_become_absolute(tmp_
     path.write_text(path.read_text().replace("val/macro/pass_at_4", "val/macro/pass_at_8"))
     with pytest.raises(SpecError, match="search.metric: val/macro/pass_at_8 is not a validation metric"):
         load_sweep_spec(path)
+
+
+def test_local_cluster_counts_every_actor_that_reserves_cpus():
+    """A local cluster too small for the trial's actors would leave one waiting for a CPU forever."""
+    from orchestrator.train import logical_cpus
+
+    sizes = ["learner.cpus_per_worker=100", "rollout.num_cpus=10", "encoder.num_cpus=50"]  # past any machine's cores
+    oger = load_trial_spec("search_spaces/oger.yaml", sizes)
+    grpo = load_trial_spec("search_spaces/oger.yaml", [*sizes, "algorithm.name=grpo"])
+    assert logical_cpus(grpo) == 2 * 100 + 10 + 1  # the ranks, the engine, the trial's driver
+    assert logical_cpus(oger) == logical_cpus(grpo) + 50  # and the encoder actor, which only oger* starts
