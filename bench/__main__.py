@@ -78,9 +78,8 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     from bench.engines import hf_figures, vllm_figures
 
-    # This machine's speed swings by ~10 % from one 0.3 s call to the next: a median of 10 paired ratios
-    # still moved by +-5 % between runs; 24 halve that. Fewer than 5 left CI's quick ratios at the mercy
-    # of one slow call.
+    # This machine's speed swings by ~10 % from one 0.3 s call to the next: medians of 10 calls moved
+    # EAD / fixed between 0.88 and 1.11 from run to run; 24 paired rounds keep it within 1 +- 0.015.
     repeats = 8 if quick else 24
     console.print(f"[bold]engines[/bold]: {repeats} rounds of interleaved calls (the service pair: {2 * repeats})")
     hf, vllm = hf_figures(cfg, repeats), vllm_figures(cfg, repeats)

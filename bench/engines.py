@@ -115,7 +115,7 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict:
         # the service would start cold every time). Twice the rounds: the noisiest row.
         served = side_by_side({"direct": (engine.generate, specs["ead"]), "service": (remote, specs["ead"])},
                               prompts, n, 2 * repeats, per="step")
-        push = push_seconds(service, engine.model.state_dict(), cfg.rollout.weight_bucket_mb, repeats)
+        push = push_seconds(service, engine.model.state_dict(), cfg.rollout, repeats)
     finally:
         ray.kill(service)
     return {**ratios(per_token),
@@ -125,24 +125,25 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict:
             "gloo_over_object_store": paired_ratio(push, "gloo", "object_store")}
 
 
-def push_seconds(service, state: dict, bucket_mb: int, repeats: int) -> dict[str, list[float]]:
+def push_seconds(service, state: dict, rollout_cfg, repeats: int) -> dict[str, list[float]]:
     """Seconds of one full weight push to the service by each `rollout.weight_transfer` that runs
     on CPUs, interleaved (the gloo group forms in the dropped first round, as in a trial's first sync)."""
-    from trainables.rollout.push import GlooPush, ObjectStorePush
+    from trainables.rollout.push import weight_push
 
-    def timed(push):
+    def timed(transfer: str):
+        push = weight_push([service], rollout_cfg.model_copy(update={"weight_transfer": transfer}))
+
         def measure(round_: int) -> float:
             start = time.perf_counter()
             push(state, round_ + 1)
             return time.perf_counter() - start
         return measure
 
-    return interleaved({"object_store": timed(ObjectStorePush([service])),
-                        "gloo": timed(GlooPush([service], bucket_mb * 2**20))}, repeats)
+    return interleaved({transfer: timed(transfer) for transfer in ("object_store", "gloo")}, repeats)
 
 
 def vllm_figures(cfg: TrialConfig, repeats: int) -> dict | str:
-    """vLLM engine (where installed): EAD through the logits processor / vLLM's own temperature."""
+    """vLLM engine (where installed): EAD / a fixed temperature, both through the logits processor."""
     import os
 
     import torch

@@ -50,7 +50,8 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
 
     from trainables.advantages import group_advantages
     from trainables.config import TrialConfig
-    from trainables.data.arithmetic import make_splits, prompt_messages
+    from trainables.data.arithmetic import make_splits
+    from trainables.data.tasks import encode_prompt
     from trainables.learner import Learner, build_train_batch, process_group_backend
     from trainables.losses import tis_weights
     from trainables.rollout.hf import HFEngine
@@ -67,8 +68,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
                       learner=learner_cfg if zero_stage is None else {**learner_cfg, "zero_stage": zero_stage})
     engine = HFEngine(model, device=device)
     train, _ = make_splits(cfg.seed, cfg.task.levels, cfg.learner.prompts_per_step, 0)
-    prompts = [list(engine.tokenizer.apply_chat_template(prompt_messages(p), add_generation_prompt=True,
-                                                        tokenize=True, return_dict=True)["input_ids"]) for p in train]
+    prompts = [encode_prompt(engine.tokenizer, p) for p in train]
     learner = Learner(model, cfg, world_size=1, device=device)
     seconds: dict[str, float] = {}
 
@@ -84,10 +84,12 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
 
     n, tokens, before = cfg.rollout.group_size, 0, None
     initial = learner.full_state_dict()
+    def ead(step: int, seed: int) -> SamplingSpec:
+        return SamplingSpec("ead", cfg.rollout.decoding.ead.model_dump(), cfg.rollout.max_new_tokens,
+                            step=step, seed=seed)
+
     for step in range(STEPS):
-        spec = SamplingSpec("ead", cfg.rollout.decoding.ead.model_dump(), cfg.rollout.max_new_tokens,
-                            step=learner.optimizer_step, seed=step)
-        rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, spec))
+        rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, ead(learner.optimizer_step, step)))
         tokens += rollouts.num_tokens
         before = before or rollouts.response_ids
         # A stand-in reward (no verifier here, and an untrained model): the response's length, so that
@@ -102,8 +104,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
         timed("load into the engine in place", lambda: engine.update_weights(state, learner.optimizer_step))
     rows = {"generate, tokens/s": tokens / seconds["generate (EAD)"],
             **{f"{label}, s/step": total / STEPS for label, total in seconds.items()}}
-    after = engine.generate(prompts, n, SamplingSpec("ead", cfg.rollout.decoding.ead.model_dump(),
-                                                     cfg.rollout.max_new_tokens, step=0, seed=0)).response_ids
+    after = engine.generate(prompts, n, ead(0, 0)).response_ids
     engine_state = engine.model.state_dict()
     checks = {"the learner's updates moved its weights": any(not torch.equal(initial[k], v.cpu())
                                                              for k, v in state.items()),

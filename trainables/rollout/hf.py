@@ -34,8 +34,8 @@ class ScheduledTemperature(LogitsProcessor):
     """Divides the logits of generated token t by the schedule's tau_t, then applies top_p."""
 
     def __init__(self, spec: SamplingSpec, prompt_width: int):
-        self.taus = tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)
-        self.tau_by_position = None  # the table as a tensor of the logits' dtype and device, once seen
+        # [max_new_tokens]; moved to the logits' dtype and device at the first call (a no-op after)
+        self.tau_by_position = torch.tensor(tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens))
         self.spec = spec
         self.prompt_width = prompt_width  # prompts are left-padded to one width
 
@@ -43,8 +43,7 @@ class ScheduledTemperature(LogitsProcessor):
         # input_ids [B, prompt_width + t]: t tokens generated so far, so this is token index t for
         # every row of the static batch.
         t = input_ids.shape[1] - self.prompt_width
-        if self.tau_by_position is None:
-            self.tau_by_position = torch.tensor(self.taus).to(scores)  # [max_new_tokens]
+        self.tau_by_position = self.tau_by_position.to(scores)
         return top_p_filter(scores / self.tau_by_position[t], self.spec.top_p)
 
 

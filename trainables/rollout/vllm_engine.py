@@ -73,7 +73,6 @@ def _build_processor_class():
                 raise ValueError(f"{PARAMS_KEY} must be a dict and {STEP_KEY} an int")
 
         def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
-            self.device = device
             self.max_model_len = vllm_config.model_config.max_model_len  # the cap when max_tokens is None
             self.rows: dict[int, tuple[tuple[float, ...], list[int]]] = {}  # batch row -> (taus, output ids)
 
