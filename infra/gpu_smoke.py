@@ -89,7 +89,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
                             step=step, seed=seed)
 
     for step in range(STEPS):
-        rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, ead(learner.optimizer_step, step)))
+        rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, ead(step + 1, step)))  # s: the RL step
         tokens += rollouts.num_tokens
         before = before or rollouts.response_ids
         # A stand-in reward (no verifier here, and an untrained model): the response's length, so that

@@ -1,6 +1,6 @@
 """python -m orchestrator.evaluate MODEL_OR_TRIAL --benchmarks NAME[=FILE],... [--samples K]
 [--temperature T | --ead TAU_MAX,TAU_MIN,D | --temperatures START:STOP:STEP] [--answer-format F]
-[--spec SPEC] [--max-new-tokens N] [--limit N] [--seed S] [--out RESULTS.json] [--tracking-uri URI]
+[--template NAME] [--spec SPEC] [--max-new-tokens N] [--limit N] [--seed S] [--out RESULTS.json] [--tracking-uri URI]
 
 Evaluates a policy the way the papers report it: K samples per problem from the rollout service
 (the engine trials train with), correctness decided by math-verify (math) or the option letter
@@ -10,7 +10,9 @@ preset (tiny, smollm2-135m-instruct), or a trial's folder (<storage>/<name>) who
 checkpoint is exported to a model folder first; a trial's evaluation is an MLflow run nested under
 the trial's own. Benchmarks are local files in their public layouts (trainables/data/benchmarks.py);
 `arithmetic` is the built-in validation split. `--ead` decodes with the annealed schedule at a fixed
-decay d (EAD at inference); maj@k against k is its inference-time scaling curve.
+decay d (EAD at inference); maj@k against k is its inference-time scaling curve. Prompts are built as
+the trial trained (its `prompt` section: template and prefill; the verifier reads prefill + response)
+unless `--template` names another (`none`: no system prompt, the OGER paper's out-of-domain setting).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from rich.table import Table
 from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, saved_world_size
-from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, TrialConfig
+from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, load_benchmarks
 from trainables.data.bootstrap import resolve_model_path
+from trainables.data.prompts import TEMPLATES
 from trainables.data.tasks import encode_prompt
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 from trainables.rollout.types import SamplingSpec
@@ -124,7 +127,7 @@ def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
 
 
 def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Decoding, *, samples: int,
-             max_new_tokens: int, seed: int, answer_format: str, progress: Progress,
+             max_new_tokens: int, seed: int, answer_format: str, prompt: PromptConfig, progress: Progress,
              title: str) -> tuple[dict[str, float], list[dict]]:
     """One benchmark under one decoding: its summary row and per-problem results."""
     import ray
@@ -134,9 +137,9 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
         chunk = problems[start : start + PROMPTS_PER_CALL]
         spec = SamplingSpec(schedule=decoding.schedule, params=decoding.params, max_new_tokens=max_new_tokens,
                             step=0, seed=seed * 1_000_003 + start)
-        batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p) for p in chunk], samples, spec))
+        batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p, prompt) for p in chunk], samples, spec))
         for i, problem in enumerate(chunk):
-            texts = batch.texts[i * samples : (i + 1) * samples]
+            texts = [prompt.completion(text) for text in batch.texts[i * samples : (i + 1) * samples]]
             correct, answers = judge(texts, problem.answer, bool(problem.choices), answer_format)
             rows.append({"uid": problem.uid, "question": problem.question, "gold": problem.answer,
                          "answers": answers, "correct": correct, "responses": texts})
@@ -165,6 +168,7 @@ def run(args) -> dict:
     cfg = base if args.spec or not trial_spec else TrialConfig.model_validate(trial_spec)
     benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
     max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
+    prompt = cfg.prompt.model_copy(update={"template": args.template}) if args.template else cfg.prompt
 
     import ray
     from transformers import AutoTokenizer
@@ -184,7 +188,7 @@ def run(args) -> dict:
                 for name, problems in benchmarks.items():
                     row, rows = evaluate(service, tokenizer, problems, mode, samples=args.samples,
                                          max_new_tokens=max_new_tokens, seed=args.seed,
-                                         answer_format=args.answer_format, progress=progress,
+                                         answer_format=args.answer_format, prompt=prompt, progress=progress,
                                          title=f"{mode.label} {name} ({len(problems)} problems x {args.samples})")
                     results[mode.label][name], per_problem[mode.label][name] = row, rows
                 if len(benchmarks) > 1:
@@ -193,7 +197,7 @@ def run(args) -> dict:
         ray.kill(service)
     console.print(results_table(results))
     record = {"model": str(model_path), "target": str(target), "samples": args.samples, "seed": args.seed,
-              "answer_format": args.answer_format,
+              "answer_format": args.answer_format, "template": prompt.template, "prefill": prompt.prefill,
               "max_new_tokens": max_new_tokens, "results": results, "problems": per_problem}
     out = Path(args.out) if args.out else (target / "evaluation.json" if trial_spec else Path("evaluation.json"))
     out.write_text(json.dumps(record, indent=1))
@@ -213,7 +217,7 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
     metrics = {f"eval/{label}/{bench}/{metric_key(key)}": value for label, per in results.items()
                for bench, row in per.items() for key, value in row.items()}
     params = {"model": record["model"], "benchmarks": args.benchmarks, "samples": args.samples,
-              "answer_format": args.answer_format,
+              "answer_format": args.answer_format, "template": record["template"],
               "decodings": ",".join(results), "seed": args.seed, "max_new_tokens": record["max_new_tokens"]}
     run_id = tracker.log_evaluation(f"eval-{target.name}", params=params, metrics=metrics, artifact=out,
                                     parent_run_id=parent)
@@ -236,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-format", choices=ANSWER_FORMATS, default="think",
                         help="think: the trained format (<think>...</think> then \\boxed{}); boxed: the last box "
                         "anywhere; last_number: the box, else the last number (chat models that rarely box)")
+    parser.add_argument("--template", choices=sorted(TEMPLATES),
+                        help="prompt template (default: the trial's, else the spec's; none: no system prompt)")
     parser.add_argument("--spec", help="take the task (for arithmetic), rollout settings and cache from this spec")
     parser.add_argument("--max-new-tokens", type=int, help="response cap (default: the spec's)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")

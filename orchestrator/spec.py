@@ -31,6 +31,7 @@ from trainables.config import (
     ValidationConfig,
 )
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
+from trainables.rollout.ead import ead_decay
 
 __all__ = [
     "AlgorithmConfig",
@@ -311,6 +312,21 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
         f"resources per trial: {lr.num_workers} learner rank(s) on {'GPUs' if lr.use_gpu else 'CPUs'} "
         f"(ZeRO-{lr.zero_stage}), {ro.num_engines} rollout engine(s) ({ro.backend}) on {engine}: "
         f"{per_trial:g} GPU(s)",
+        recipe_line(trial),
         *([f"sweep: {search.num_samples} trials, {search.max_concurrent_trials} at once: "
            f"{per_trial * search.max_concurrent_trials:g} GPUs busy"] if search else []),
     ])
+
+
+def recipe_line(trial: TrialConfig) -> str:
+    """The objective as resolved from the preset and the spec, the prompt, and EAD's decay over the run."""
+    algo, ro, ead = trial.algorithm, trial.rollout, trial.rollout.decoding.ead
+    clip = "no clip" if algo.clip_low is None and algo.clip_high is None else f"clip {algo.clip_low}/{algo.clip_high}"
+    norm = f" / {trial.loss_norm_len}" if algo.loss_agg == "seq-mean-token-sum-norm" else ""
+    decay = (f"; EAD d_s {ead_decay(1, d0=ead.d0):g} at RL step 1 to {ead_decay(trial.learner.steps, d0=ead.d0):g}"
+             if ro.decoding.schedule == "ead" else "")
+    return (f"objective: {algo.name}, std {'on' if algo.use_std else 'off'}, {clip}"
+            f"{f', dual clip {algo.dual_clip:g}' if algo.dual_clip else ''}, {algo.loss_agg}{norm}; learner log-probs "
+            f"at {'the rollout temperature' if trial.logprob_temperature == 'rollout' else 'T = 1'}; TIS "
+            f"{f'{ro.tis_level} cap {ro.tis_cap:g}' if ro.tis_cap else 'off'}; prompt {trial.prompt.template}"
+            f"{f' + prefill {trial.prompt.prefill!r}' if trial.prompt.prefill else ''}{decay}")

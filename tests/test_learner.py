@@ -41,6 +41,34 @@ def test_behaviour_logprobs_match_the_learner_at_temperature_one(rollouts, tiny_
                for i in range(batch.size))
 
 
+def test_learner_at_the_rollout_temperature_is_on_policy(tiny_model_path):
+    """`algorithm.logprob_temperature: rollout`: at a fixed T = 0.6 the learner's pass divides the logits by
+    0.6, recomputes the sampler's log-probs, and TIS weights are 1 (to float rounding between the engine's
+    cached decode and the learner's full pass); at T = 1 the same rollouts are off-policy."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from trainables.learner import Learner
+    from trainables.losses import tis_weights
+    from trainables.rollout.ead import tau_table
+
+    engine = HFEngine(tiny_model_path)
+    train, _ = make_splits(0, [1], train_size=PROMPTS, val_size=1)
+    spec = SamplingSpec("fixed", {"temperature": 0.6}, 24, seed=7)
+    rollouts = engine.generate([encode_prompt(engine.tokenizer, p) for p in train], GROUP, spec)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    weights = {}
+    for name, taus in (("rollout", tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)),
+                       ("1.0", None)):
+        batch = build_train_batch(rollouts, pad_id=0, taus=taus)
+        with torch.no_grad():
+            logp, _ = Learner._forward(SimpleNamespace(device="cpu"), model, batch)  # the learner's own pass
+        weights[name] = tis_weights(logp, batch.behaviour_logp, 2.0, mask=batch.response_mask)[batch.response_mask]
+    assert (weights["rollout"] - 1).abs().max() < 1e-4
+    assert (weights["1.0"] - 1).abs().max() > 0.1
+
+
 def one_update(config: dict) -> None:
     """Ray Train worker: one optimizer step on this rank's shard of a fixed global batch."""
     import ray.train

@@ -113,6 +113,39 @@ def test_tis_weights_capped_and_detached():
     assert torch.equal(off, torch.ones(1, 5)) and not off.requires_grad
 
 
+def test_sequence_tis_is_the_ratio_of_the_whole_response():
+    """EAD's formula: w_i = min(prod_t pi_old / pi_beh, C) over the response, the same on every token."""
+    logp_old = torch.zeros(2, 4)
+    logp_beh = torch.tensor([[-0.1, -0.2, 0.1, -9.0],  # log-ratio 0.1 + 0.2 - 0.1 = 0.2 (column 3 masked)
+                             [-0.5, -0.5, -0.5, -0.5]])  # 2.0 -> capped at 3
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    w = tis_weights(logp_old, logp_beh, 3.0, mask=mask, level="sequence")
+    torch.testing.assert_close(w[0], torch.full((4,), math.exp(0.2)))
+    assert w[1].tolist() == [3.0] * 4
+    token = tis_weights(logp_old, logp_beh, 3.0, mask=mask, level="token")
+    torch.testing.assert_close(token[0, :3], torch.exp(-logp_beh[0, :3]))
+    with pytest.raises(ValueError, match="unknown TIS level"):
+        tis_weights(logp_old, logp_beh, 3.0, mask=mask, level="row")
+
+
+def test_dual_clip_bounds_negative_advantage_losses():
+    """verl's dual-clip: with A < 0 and r > c the loss is -A c and the token takes no gradient; A > 0 and
+    ratios under c are untouched."""
+    logp, logp_old = _logp_at([0.5, 2.0, 5.0])
+    loss, clipped = ppo_token_loss(logp, logp_old, torch.tensor([-1.0], dtype=torch.float64),
+                                   clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    assert loss.detach()[0].tolist() == pytest.approx([0.8, 2.0, 3.0])  # max(-A r, -A clip(r)), then min(., 3)
+    assert clipped.tolist() == [[True, False, True]]
+    loss.sum().backward()
+    assert logp.grad[0, 2] == 0 and logp.grad[0, 1] != 0
+    plain, _ = ppo_token_loss(logp.detach(), logp_old, torch.tensor([-1.0], dtype=torch.float64),
+                              clip_low=0.2, clip_high=0.28)
+    assert plain[0].tolist() == pytest.approx([0.8, 2.0, 5.0])
+    positive, _ = ppo_token_loss(logp.detach(), logp_old, torch.tensor([1.0], dtype=torch.float64),
+                                 clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    assert positive[0].tolist() == pytest.approx([-0.5, -1.28, -1.28])
+
+
 # ---------------------------------------------------------------- policy shaping ----------------
 
 

@@ -65,7 +65,7 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
 
 OGER_METRICS = ("oger/divergence_mean", "oger/last_token_entropy_mean", "oger/exploration_mean",
                 "oger/exploration_max", "offline/replaced", "offline/accuracy", "rollout/accuracy_online_kept",
-                "policy/offpolicy_token_share", "timing/encoder")
+                "policy/offpolicy_token_share", "timing/encoder", "offline/advantage_mean")
 
 
 @pytest.mark.slow
@@ -85,3 +85,24 @@ def test_oger_trial_runs_and_records_its_metrics(ray_cluster, tiny_model_path, t
     assert run.data.metrics["offline/stepwise/valid"] > 0
     table = open(tracker.client.download_artifacts(run.info.run_id, "offline_store.txt", str(tmp_path))).read()
     assert all(teacher in table for teacher in ("terse", "stepwise", "verbose"))
+
+
+@pytest.mark.slow
+def test_ead_decay_follows_rl_steps_with_two_minibatches(ray_cluster, tiny_model_path, tmp_path):
+    """d_s = d0 + 5 s at RL step s = 1, 2, 3 although each step makes two optimizer steps; and validation
+    samples each benchmark its own k (avg@2 on one, avg@1 on the other)."""
+    steps = 3
+    cfg = load_trial_spec("search_spaces/ead.yaml", [
+        f"storage={tmp_path}", f"learner.steps={steps}", "learner.minibatches=2", f"validation.every={steps}",
+        "validation.num_prompts=8", "validation.samples=2"])
+    cfg.validation.benchmarks = {"arithmetic": None, "math500": str(math500_copy_of_validation(cfg, tmp_path / "m.jsonl"))}
+    cfg.validation.samples_by_benchmark = {"math500": 1}
+    final = train.run(cfg)
+    assert final["progress/optimizer_step"] == 2 * steps
+    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    (run,) = tracker.client.search_runs([tracker.experiment_id])
+    d0 = cfg.rollout.decoding.ead.d0
+    assert sorted(tracker.metric_history(run.info.run_id, "rollout/ead_decay")) == [(s, d0 + 5 * s) for s in range(1, steps + 1)]
+    assert final["val/accuracy"] == pytest.approx((final["val/arithmetic/avg_at_2"] + final["val/math500/avg_at_1"]) / 2)
+    assert "val/math500/avg_at_2" not in final and "val/macro/pass_at_1" in final
+    assert set(cfg.validation.metric_names()) <= set(final)

@@ -14,11 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import TEACHERS
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
-from trainables.losses import AGGREGATIONS
+from trainables.data.prompts import TEMPLATES
+from trainables.losses import AGGREGATIONS, TIS_LEVELS
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
+TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
+TISLevel = Literal[tuple(TIS_LEVELS)]  # type: ignore[valid-type]
 MODEL_PRESETS = ("tiny", "smollm2-135m-instruct")  # policies built on first use (trainables/data/)
 METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
 
@@ -103,10 +106,43 @@ class TaskConfig(Section):
         return self
 
 
+class PromptConfig(Section):
+    """How a problem becomes the policy's prompt (trainables/data/prompts.py)."""
+
+    template: TemplateName = Field(
+        "builtin", description="builtin (the built-in task's short system prompt), openr1 (the OpenR1 system "
+        "prompt of LUFFY's data and the OGER paper's Table 5), dataset (the data file's chat list, kept whole) "
+        "or none (the question alone: the OGER paper's out-of-domain evaluations).")
+    prefill: str = Field(
+        "", description="Text after the generation prompt, e.g. '<think>\\n' as LUFFY's data: the policy "
+        "starts inside the think block, the verifier reads prefill + response, and teacher targets lose a "
+        "leading prefill.")
+    user_format: str = Field(
+        "{question}", description="The user turn, with {question} where the question goes (LUFFY's data: the "
+        "question alone; the OGER paper's Table 5 shows 'This is the problem: {question}').")
+
+    @model_validator(mode="after")
+    def _one_question(self) -> PromptConfig:
+        try:
+            filled = self.user_format.format(question="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"user_format must contain only the field {{question}} (got {self.user_format!r}: "
+                             f"{e!r}); write literal braces as {{{{ }}}}") from None
+        if self.user_format.count("{question}") != 1 or "{question}" in filled:
+            raise ValueError(f"user_format must contain {{question}} exactly once (got {self.user_format!r})")
+        return self
+
+    def completion(self, response: str) -> str:
+        """The assistant's whole turn, as the verifier judges it: the prefill, then the response."""
+        return self.prefill + response
+
+
 class EADConfig(Section):
     """Exploratory Annealed Decoding: tau_t = max(1 + tau_max - exp(t / (S d_s)), tau_min)."""
 
-    tau_max: PositiveFloat = Field(1.2, description="Peak temperature is 1 + tau_max - 1 = tau_max at t = c.")
+    tau_max: PositiveFloat = Field(
+        1.2, description="Sets the peak: the temperature at t = c (the first annealed token) is "
+        "1 + tau_max - exp(c / (S d_s)), just under tau_max (1.18 with the recipe's defaults at s = 1).")
     tau_min: PositiveFloat = Field(0.1, description="Temperature floor.")
     d0: PositiveFloat = Field(25.0, description="Initial decay d_0; d_s = min(d0 + 5 s, 40000).")
     warmup_tokens: int = Field(10, ge=0, description="First c tokens decoded at temperature 1.")
@@ -155,6 +191,9 @@ class RolloutConfig(Section):
     tis_cap: PositiveFloat | None = Field(
         2.0, description="C of truncated importance sampling min(exp(logp_old - logp_beh), C); null: off."
     )
+    tis_level: TISLevel = Field(
+        "token", description="TIS ratio per token (the EAD official code, default) or per sequence (the "
+        "ratio of the whole response, as the EAD paper writes it).")
     num_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved for the rollout actor.")
     weight_transfer: Literal["object_store", "gloo", "nccl", "ipc"] = Field(
         "object_store", description="How the learner's weights reach the engines: object_store (one copy in "
@@ -167,6 +206,9 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
+    """The RL objective. A preset (`name`) may set defaults of its own (trainables/algorithms.py: luffy
+    runs LUFFY's recipe); a field the spec sets keeps the spec's value."""
+
     name: AlgorithmName = Field("grpo", description="RL algorithm preset (trainables/algorithms.py).")
     replacement_density: int = Field(
         1, ge=0, description="k: online members of each group replaced by teacher trajectories (luffy, oger*).")
@@ -178,11 +220,28 @@ class AlgorithmConfig(Section):
         "before EOS (EOS is near-certain, so its entropy is ~0 and exp(-H) ~ 1).")
     use_std: bool = Field(True, description="Divide group advantages by the group std (OGER eq. 9).")
     clip_low: PositiveFloat | None = Field(0.2, description="PPO ratio clip below 1; null removes it.")
-    clip_high: PositiveFloat | None = Field(0.28, description="PPO ratio clip above 1 (clip-higher).")
+    clip_high: PositiveFloat | None = Field(
+        0.28, description="PPO ratio clip above 1 (DAPO's clip-higher 0.2 / 0.28; the OGER paper gives no epsilon).")
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="verl's dual-clip c for negative advantages, l_t = min(l_t, -A c) (the EAD "
+        "code runs c = 3); null: off.")
     loss_agg: LossAggregation = Field("token-mean", description="Loss aggregation (verl names).")
-    norm_len: PositiveInt = Field(64, description="Constant length of seq-mean-token-sum-norm.")
+    norm_len: PositiveInt | None = Field(
+        None, description="Constant length of seq-mean-token-sum-norm; null: rollout.max_new_tokens (LUFFY: "
+        "sum / 8192, its response cap).")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to the frozen initial policy.")
+    logprob_temperature: Literal["rollout", 1.0] | None = Field(
+        None, description="Temperature of the learner's log-probs, entropy and update: rollout (logits / tau_t "
+        "of the rollout's schedule: on-policy for a fixed T, as the EAD paper's verl baselines) or 1.0 (the "
+        "untempered policy, TIS correcting the sampler); null: rollout for a fixed schedule, 1.0 for EAD.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("name", "grpo") not in ALGORITHMS:
+            return data  # not a mapping or an unknown name: the field validation says so
+        return {**ALGORITHMS[data.get("name", "grpo")].defaults, **data}
 
 
 class OfflineFileConfig(Section):
@@ -203,6 +262,9 @@ class OfflineConfig(Section):
     files: list[OfflineFileConfig] = Field(default_factory=list, description="External teacher data.")
     max_tokens: PositiveInt | None = Field(
         None, description="Length cap in policy tokens (paper: 8192); null: rollout.max_new_tokens.")
+    teachers_used: list[str] | None = Field(
+        None, description="Teachers (data_source names, or built-in teacher names) whose trajectories the offline "
+        "members are drawn from; null: every teacher of the store (LUFFY's recipe: [DeepSeek-R1] only).")
 
 
 class EncoderConfig(Section):
@@ -237,6 +299,12 @@ class ValidationConfig(Section):
     num_prompts: PositiveInt = Field(
         64, description="Problems of each benchmark (the first ones; for arithmetic at most task.val_size).")
     samples: PositiveInt = Field(2, description="Samples per validation problem (the k of avg@k, pass@k, maj@k).")
+    samples_by_benchmark: dict[str, PositiveInt] = Field(
+        default_factory=dict, description="Benchmark name -> its own k, e.g. {aime24: 32, aime25: 32, amc: 32} "
+        "as the OGER paper (avg@32 there, avg@1 elsewhere); the others take `samples`.")
+    prompt: PromptConfig | None = Field(
+        None, description="The validation prompt; null: the trial's (`prompt`). {template: none} is the OGER "
+        "paper's out-of-domain setting (no system prompt).")
     benchmarks: dict[str, str | None] = Field(
         default_factory=lambda: {BUILTIN: None},
         description="Benchmark name -> local file in its public layout (README: Evaluation); arithmetic, "
@@ -258,16 +326,26 @@ class ValidationConfig(Section):
                                  f"{', '.join(BENCHMARK_NAMES)}")
             if name != BUILTIN and not path:
                 raise ValueError(f"benchmarks.{name} needs its file (Parquet, JSONL or CSV in its public layout)")
+        unknown = sorted(set(self.samples_by_benchmark) - set(self.benchmarks))
+        if unknown:
+            raise ValueError(f"samples_by_benchmark names {unknown}, which are not in benchmarks "
+                             f"({', '.join(self.benchmarks)})")
         return self
+
+    def samples_of(self, benchmark: str) -> int:
+        """k of one benchmark: its samples_by_benchmark entry, else `samples`."""
+        return self.samples_by_benchmark.get(benchmark, self.samples)
 
     def metric_names(self) -> list[str]:
         """Every val/* metric a validation reports: val/accuracy (avg@k macro-averaged over the
         benchmarks), val/response_length, and val/<benchmark>/<metric> (plus val/macro/* for several)."""
         from trainables.evaluation import metric_key, summary_keys  # math-verify: only when asked
 
-        keys = [*map(metric_key, summary_keys(self.samples)), "response_length"]
-        groups = [*self.benchmarks, *(["macro"] if len(self.benchmarks) > 1 else [])]
-        return ["val/accuracy", "val/response_length", *(f"val/{g}/{key}" for g in groups for key in keys)]
+        keys = {name: [*map(metric_key, summary_keys(self.samples_of(name))), "response_length"]
+                for name in self.benchmarks}
+        if len(keys) > 1:  # macro: the metrics every benchmark has
+            keys["macro"] = [key for key in next(iter(keys.values())) if all(key in ks for ks in keys.values())]
+        return ["val/accuracy", "val/response_length", *(f"val/{g}/{key}" for g, ks in keys.items() for key in ks)]
 
 
 class CheckpointConfig(Section):
@@ -319,6 +397,7 @@ class TrialConfig(Section):
     cache_dir: str = Field(".cache", description="Where built models are cached, keyed by their config.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
@@ -351,6 +430,9 @@ class TrialConfig(Section):
             raise ValueError("task.name offline_prompts takes its prompts from offline.files (give at least one), "
                              "has no built-in teachers (offline.teachers: []) and validates on benchmark files "
                              f"(no {BUILTIN} in validation.benchmarks)")
+        if self.prompt.template == "dataset" and self.task.name != "offline_prompts":
+            raise ValueError("prompt.template dataset keeps the data file's chat list: it needs task.name "
+                             "offline_prompts (the built-in task has none; use builtin, openr1 or none)")
         ro = self.rollout
         if ro.backend == "hf" and (ro.tensor_parallel_size > 1 or ro.colocate):
             raise ValueError("rollout.tensor_parallel_size and rollout.colocate need rollout.backend: vllm")
@@ -384,6 +466,16 @@ class TrialConfig(Section):
     @property
     def preset(self):
         return ALGORITHMS[self.algorithm.name]
+
+    @property
+    def loss_norm_len(self) -> int:
+        return self.algorithm.norm_len or self.rollout.max_new_tokens
+
+    @property
+    def logprob_temperature(self) -> str | float:
+        """rollout or 1.0: `algorithm.logprob_temperature`, resolved by the schedule."""
+        default = "rollout" if self.rollout.decoding.schedule == "fixed" else 1.0
+        return self.algorithm.logprob_temperature or default
 
     @property
     def offline_max_tokens(self) -> int:

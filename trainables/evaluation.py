@@ -226,8 +226,10 @@ def macro_average(per_benchmark: dict[str, float]) -> float:
 
 
 def macro_row(rows: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Key by key, the unweighted mean of the benchmarks' rows (the keys of the first row)."""
-    return {key: macro_average({name: row[key] for name, row in rows.items()}) for key in next(iter(rows.values()))}
+    """Key by key, the unweighted mean of the benchmarks' rows, over the keys every row has (benchmarks
+    sampled k times each share all of them), in the first row's order."""
+    keys = [key for key in next(iter(rows.values())) if all(key in row for row in rows.values())]
+    return {key: macro_average({name: row[key] for name, row in rows.items()}) for key in keys}
 
 
 def summary_keys(k: int) -> list[str]:

@@ -19,6 +19,7 @@ import torch
 
 from trainables.algorithms import AlgorithmPreset
 from trainables.data.offline import OfflineStore
+from trainables.data.prompts import strip_prefill
 from trainables.rewards.oger import oger_rewards, replacement_indices
 from trainables.rollout.types import RolloutBatch
 
@@ -42,17 +43,21 @@ def replaced_slots(preset: AlgorithmPreset, divergence: torch.Tensor | None, n: 
     return replacement_indices(divergence, k).tolist()
 
 
-def teacher_response(text: str, tokenizer, max_tokens: int) -> tuple[list[int], str]:
-    """A teacher text as policy tokens with EOS, cut at the response cap; and its finish reason."""
+def teacher_response(text: str, tokenizer, max_tokens: int, prefill: str = "") -> tuple[str, list[int], str]:
+    """A teacher text as the policy would continue the prompt: the prompt's prefill stripped from its
+    start (`strip_prefill`), as text and as policy tokens with EOS cut at the response cap; and its
+    finish reason."""
+    text = strip_prefill(text, prefill)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return (ids[:max_tokens], "length") if len(ids) > max_tokens else (ids, "stop")
+    return (text, ids[:max_tokens], "length") if len(ids) > max_tokens else (text, ids, "stop")
 
 
 def build_hybrid(rollouts: RolloutBatch, keys: list[str], golds: list[str], verifiable: torch.Tensor,
                  last_entropy: torch.Tensor, *, preset: AlgorithmPreset, k: int, store: OfflineStore,
                  embed: EmbedFn | None, score: ScoreFn, tokenizer, max_tokens: int,
-                 rng: np.random.Generator) -> HybridGroups:
-    """Hybrid groups for one rank's batch. keys/golds: [P]; verifiable, last_entropy: [B = P * n]."""
+                 rng: np.random.Generator, prefill: str = "") -> HybridGroups:
+    """Hybrid groups for one rank's batch. keys/golds: [P]; verifiable, last_entropy: [B = P * n].
+    Teacher rows hold responses as the policy's are: after the prompt's prefill (`teacher_response`)."""
     n = rollouts.n
     online_emb, offline_emb = embed(rollouts.texts, keys) if preset.needs_embeddings else (None, {})
     rewards = verifiable.clone()  # [B]
@@ -79,9 +84,8 @@ def build_hybrid(rollouts: RolloutBatch, keys: list[str], golds: list[str], veri
         for slot, pick in zip(replaced_slots(preset, divergence, n, k),
                               rng.choice(len(teachers), size=k, replace=len(teachers) < k)):
             row, teacher = g * n + slot, teachers[int(pick)]
-            responses[row], reasons[row] = teacher_response(teacher.text, tokenizer, max_tokens)
+            texts[row], responses[row], reasons[row] = teacher_response(teacher.text, tokenizer, max_tokens, prefill)
             logps[row] = [0.0] * len(responses[row])  # unused: teacher tokens take no ratio and no TIS
-            texts[row] = teacher.text
             offpolicy[row] = True
     if offpolicy.any():
         teacher_rows = offpolicy.nonzero().flatten().tolist()

@@ -32,27 +32,34 @@ class TrainBatch:
     attention_mask: torch.Tensor  # long[B, L]
     response_mask: torch.Tensor  # bool[B, L-1], True on response tokens (EOS included)
     behaviour_logp: torch.Tensor  # [B, L-1], log-prob under the distribution sampled from
+    temperature: torch.Tensor | None = None  # [B, L-1], what the learner divides each target's logits by; None: 1
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
 
     def rows(self, index: slice) -> TrainBatch:
-        return TrainBatch(*(t[index] for t in (self.input_ids, self.attention_mask,
-                                                 self.response_mask, self.behaviour_logp)))
+        return TrainBatch(*(t[index] for t in (self.input_ids, self.attention_mask, self.response_mask,
+                                                 self.behaviour_logp)),
+                          None if self.temperature is None else self.temperature[index])
 
 
-def build_train_batch(rollouts: RolloutBatch, pad_id: int) -> TrainBatch:
+def build_train_batch(rollouts: RolloutBatch, pad_id: int, taus: tuple[float, ...] | None = None) -> TrainBatch:
+    """The rollouts as learner rows. taus: the temperature of each response position t (the rollout's
+    schedule, `algorithm.logprob_temperature: rollout`), or None: the learner's log-probs at T = 1."""
     rows = [rollouts.prompt_of(i) + r for i, r in enumerate(rollouts.response_ids)]
     input_ids = pad_right(rows, pad_id, torch.long)  # [B, L]
     attention = pad_right([[1] * len(r) for r in rows], 0, torch.long)  # [B, L]
     response_mask = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, dtype=torch.bool)
     behaviour = torch.zeros(response_mask.shape)
+    temperature = None if taus is None else torch.ones(response_mask.shape)  # [B, L-1]
     for i, resp in enumerate(rollouts.response_ids):
         start = len(rollouts.prompt_of(i)) - 1  # target column of the first response token
         response_mask[i, start : start + len(resp)] = True
         behaviour[i, start : start + len(resp)] = torch.tensor(rollouts.behaviour_logprobs[i])
-    return TrainBatch(input_ids, attention, response_mask, behaviour)
+        if temperature is not None:
+            temperature[i, start : start + len(resp)] = torch.tensor(taus[: len(resp)])
+    return TrainBatch(input_ids, attention, response_mask, behaviour, temperature)
 
 
 def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
@@ -143,11 +150,14 @@ class Learner:
         return int(self.engine.global_steps)
 
     def _forward(self, model, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logp [B, T], logits [B, T, V]) of the batch's targets, trimmed to its longest row."""
+        """(logp [B, T], logits [B, T, V]) of the batch's targets at the batch's temperature, trimmed to
+        its longest row."""
         width = int(batch.attention_mask.sum(1).max())
         ids = batch.input_ids[:, :width].to(self.device)
         logits = model(input_ids=ids, attention_mask=batch.attention_mask[:, :width].to(self.device)).logits
         logits = logits[:, :-1].float()  # [B, width-1, V]: position j predicts token j + 1
+        if batch.temperature is not None:  # the rollout's tempered policy: logits / tau_t
+            logits = logits / batch.temperature[:, : width - 1, None].to(self.device)
         logp = logits.log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         pad = batch.response_mask.shape[1] - logp.shape[1]
         return torch.nn.functional.pad(logp, (0, pad)), torch.nn.functional.pad(logits, (0, 0, 0, pad))
@@ -158,7 +168,7 @@ class Learner:
 
     @torch.no_grad()
     def old_logprobs(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The T = 1 pass before the update: (logp_old [B, T], entropy [B, T])."""
+        """The pass before the update, at the batch's temperature: (logp_old [B, T], entropy [B, T])."""
         self.engine.eval()
         logps, entropies = [], []
         for rows in self._micro_slices(batch.size):
@@ -187,7 +197,7 @@ class Learner:
             counts = torch.tensor([mask.sum(), mask.any(1).sum()], dtype=torch.float64)
             if dist.is_initialized():
                 dist.all_reduce(counts)  # global tokens and sequences of this optimizer batch
-            norm = {"num_tokens": counts[0].item(), "num_seqs": counts[1].item(), "norm_len": algo.norm_len}
+            norm = {"num_tokens": counts[0].item(), "num_seqs": counts[1].item(), "norm_len": self.cfg.loss_norm_len}
             base = mb.start
             for rows in self._micro_slices(rows_per_minibatch):
                 idx = slice(base + rows.start, base + rows.stop)
@@ -196,7 +206,8 @@ class Learner:
                 mmask = micro.response_mask.to(self.device)
                 adv = advantages[idx].to(self.device)
                 pg, clipped = ppo_token_loss(logp, logp_old[idx].to(self.device), adv,
-                                             clip_low=algo.clip_low, clip_high=algo.clip_high)
+                                             clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                             dual_clip=algo.dual_clip)
                 pg = pg * tis[idx].to(self.device)
                 teacher = offpolicy[idx].to(self.device)[:, None]  # [b, 1]
                 if teacher.any():

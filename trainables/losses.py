@@ -27,17 +27,38 @@ def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return advantages
 
 
-def tis_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """EAD truncated importance sampling weight: w_t = min(exp(logp_old - logp_behaviour), C).
+def _token_log_weights(log_w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token TIS (the EAD official code): log w_t = logp_old_t - logp_behaviour_t. [B, T] -> [B, T]."""
+    return log_w
 
-    logp_old: [B, T], log pi_old(y_t) recomputed by the learner at T = 1.
+
+def _sequence_log_weights(log_w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence TIS (the EAD paper's formula): log w_i = sum_t m_it (logp_old_it - logp_behaviour_it),
+    the same weight on every token of row i. [B, T], bool[B, T] -> [B, T]."""
+    return torch.where(mask, log_w, torch.zeros_like(log_w)).sum(dim=-1, keepdim=True).expand_as(log_w)
+
+
+TIS_LEVELS = {"token": _token_log_weights, "sequence": _sequence_log_weights}  # rollout.tis_level
+
+
+def tis_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, cap: float | None, *,
+                mask: torch.Tensor | None = None, level: str = "token") -> torch.Tensor:
+    """EAD truncated importance sampling weight: w = min(exp(logp_old - logp_behaviour), C).
+
+    logp_old: [B, T], log pi_old(y_t) recomputed by the learner (at its log-prob temperature).
     logp_behaviour: [B, T], log-prob of y_t under the distribution actually sampled (annealed).
-    cap: C; None turns TIS off (weights of one). Returns detached weights [B, T] (no gradient).
+    cap: C; None turns TIS off (weights of one). level: a key of TIS_LEVELS, the ratio of each token
+    ("token") or of the whole response, prod_t over mask bool[B, T] ("sequence"; mask required).
+    Returns detached weights [B, T] (no gradient).
     """
     if cap is None:
         return torch.ones_like(logp_old).detach()
-    log_w = (logp_old - logp_behaviour).detach().clamp(max=MAX_LOG_RATIO)  # [B, T]
-    return torch.exp(log_w).clamp(max=cap)
+    if level not in TIS_LEVELS:
+        raise ValueError(f"unknown TIS level {level!r}; choose one of {sorted(TIS_LEVELS)}")
+    mask = torch.ones_like(logp_old, dtype=torch.bool) if mask is None else mask
+    _check_mask(logp_old, mask)
+    log_w = TIS_LEVELS[level]((logp_old - logp_behaviour).detach(), mask)  # [B, T]
+    return torch.exp(log_w.clamp(max=MAX_LOG_RATIO)).clamp(max=cap)
 
 
 def ppo_token_loss(
@@ -47,26 +68,33 @@ def ppo_token_loss(
     *,
     clip_low: float | None,
     clip_high: float | None,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO clipped surrogate with DAPO clip-higher, per token.
+    """PPO clipped surrogate with DAPO clip-higher and optional dual-clip, per token.
 
-    l_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)),  r_t = exp(logp_t - logp_old_t).
+    l_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)),  r_t = exp(logp_t - logp_old_t);
+    with dual-clip (Ye et al. 2020, verl's clip_ratio_c) and A < 0: l_t = min(l_t, -A c).
     logp, logp_old: [B, T]. advantages: [B] (broadcast over tokens) or [B, T].
     clip_low / clip_high: eps_low / eps_high; None removes that side of the clip, both None is
-    LUFFY's `loss_remove_clip` (l_t = -A r_t). The log-ratio is clamped to +-MAX_LOG_RATIO.
+    LUFFY's `loss_remove_clip` (l_t = -A r_t). dual_clip: c > 1, or None (off). The log-ratio is
+    clamped to +-MAX_LOG_RATIO.
     Returns (loss [B, T], clipped bool[B, T]: True where the clipped branch is the active one,
     i.e. where the token gets no gradient).
     """
     adv = _per_token(advantages, logp)  # [B, 1] or [B, T]
     ratio = torch.exp((logp - logp_old).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # [B, T]
-    loss = -adv * ratio  # [B, T]
-    if clip_low is None and clip_high is None:
-        return loss, torch.zeros_like(loss, dtype=torch.bool)
-    low = None if clip_low is None else 1.0 - clip_low
-    high = None if clip_high is None else 1.0 + clip_high
-    loss_clipped = -adv * torch.clamp(ratio, min=low, max=high)  # [B, T]
-    clipped = loss_clipped > loss  # [B, T]; strict: inside the band the unclipped term is active
-    return torch.where(clipped, loss_clipped, loss), clipped
+    loss, clipped = -adv * ratio, torch.zeros_like(ratio, dtype=torch.bool)  # [B, T]
+    if clip_low is not None or clip_high is not None:
+        low = None if clip_low is None else 1.0 - clip_low
+        high = None if clip_high is None else 1.0 + clip_high
+        loss_clipped = -adv * torch.clamp(ratio, min=low, max=high)  # [B, T]
+        clipped = loss_clipped > loss  # [B, T]; strict: inside the band the unclipped term is active
+        loss = torch.where(clipped, loss_clipped, loss)
+    if dual_clip is not None:
+        floor = (-adv * dual_clip).expand_as(loss)  # [B, T]; binds only where A < 0 and r_t > c
+        dual = (adv < 0) & (loss > floor)  # [B, T]
+        loss, clipped = torch.where(dual, floor, loss), clipped | dual
+    return loss, clipped
 
 
 def policy_shaping_loss(logp: torch.Tensor, advantages: torch.Tensor, *, gamma: float) -> torch.Tensor:

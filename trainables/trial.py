@@ -1,18 +1,19 @@
 """The Ray Train worker loop: one RL step as in DESIGN.md, on every learner rank.
 
-    prompts -> rollout service (EAD at the learner's step) -> verifier -> old-logprob pass (T = 1)
+    prompts -> rollout service (EAD at the RL step) -> verifier -> old-logprob pass (T = 1, or the rollout's)
             -> [luffy / oger*: teacher members and OGER reward, trainables/hybrid.py]
             -> group advantages -> TIS weights -> DeepSpeed update -> weights to the service
 
 Metric names (per RL step; sums are reduced over ranks before averaging):
     rollout/reward_mean, rollout/accuracy, rollout/response_length, rollout/stop_fraction,
-    rollout/frac_zero_std, rollout/verify_<reason> (counts), policy/entropy, policy/clip_fraction,
+    rollout/frac_zero_std, rollout/verify_<reason> (counts), rollout/ead_decay (d_s, EAD only), policy/entropy, policy/clip_fraction,
     policy/kl, policy/grad_norm, policy/lr, tis/weight_mean, tis/weight_max, tis/capped_fraction,
     timing/{generate,score,old_logprob,offline,update,sync,validate,step,report,checkpoint},
     timing/tokens_per_s, timing/startup and timing/startup_{workers,data,learner,restore_and_sync} (at
     the first step), timing/{loop_wall,logging} (cumulative seconds),
     policy/offpolicy_token_share, faults/service_losses (cumulative, rank 0), and at a resume
-    faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data},
+    faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data,
+    advantage_mean},
     rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
     exploration_mean,exploration_max}, timing/encoder (the encoder actor's busy seconds, every rank's texts).
     Every `validation.every` steps: val/<benchmark>/{avg_at_k,pass_at_1,...,maj_at_k,worst_at_k,
@@ -41,7 +42,7 @@ from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
 from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, rng_state, saved_world_size,
                                    set_rng_state, write_manifest)
-from trainables.config import DecodingConfig, TrialConfig
+from trainables.config import DecodingConfig, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
 from trainables.data.tasks import encode_prompt, train_problems
@@ -51,6 +52,7 @@ from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
 from trainables.rewards.verify import REASONS
+from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.push import weight_push
 from trainables.rollout.service import StaleWeightsError
 from trainables.rollout.types import RolloutBatch, SamplingSpec
@@ -170,12 +172,14 @@ class Trial:
         return self.val_history[-1][1] if self.val_history else {}
 
     # -- stages ---------------------------------------------------------------------------------
-    def encode(self, problems: list[Problem]) -> list[list[int]]:
-        return [encode_prompt(self.tokenizer, p) for p in problems]
+    def encode(self, problems: list[Problem], prompt: PromptConfig | None = None) -> list[list[int]]:
+        return [encode_prompt(self.tokenizer, p, prompt or self.cfg.prompt) for p in problems]
 
     def score_texts(self, texts: list[str], golds: list[str]) -> tuple[torch.Tensor, dict[str, int]]:
-        """Verifiable rewards [B] and reason counts, from the trial's verifier actor."""
-        rewards, reasons = ray.get(self.verifier.score.remote(texts, golds))
+        """Verifiable rewards [B] and reason counts of responses, from the trial's verifier actor; it
+        judges each whole assistant turn (the prompt's prefill, then the response)."""
+        turns = [self.cfg.prompt.completion(text) for text in texts]
+        rewards, reasons = ray.get(self.verifier.score.remote(turns, golds))
         return torch.tensor(rewards, dtype=torch.float32), reasons
 
     def score(self, rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
@@ -244,8 +248,9 @@ class Trial:
         with timed(t, "step"):
             problems = [self.train_set[i] for i in step_prompts(
                 len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
-            spec = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens,
-                                 self.learner.optimizer_step, seed=cfg.seed * 100_003 + step * 101 + self.rank)
+            # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
+            spec = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step + 1,
+                                 seed=cfg.seed * 100_003 + step * 101 + self.rank)
             with timed(t, "generate"):
                 rollouts = self.generate(self.encode(problems), cfg.rollout.group_size, spec)
                 self.release_gpus()
@@ -255,27 +260,41 @@ class Trial:
                           if self.embedder is not None else None)
             with timed(t, "score"):
                 rewards, reasons = self.score(rollouts, problems)
-            batch = build_train_batch(rollouts, self.pad_id)
+            taus = self.logprob_taus(spec)
+            batch = build_train_batch(rollouts, self.pad_id, taus)
             with timed(t, "old_logprob"):
-                logp_old, entropy = self.learner.old_logprobs(batch)  # entropy: the OGER H source, T = 1
+                logp_old, entropy = self.learner.old_logprobs(batch)  # entropy: the OGER H source
             offpolicy, mixed = torch.zeros(batch.size, dtype=torch.bool), {}
             if cfg.preset.uses_offline:
                 with timed(t, "offline"):
                     hybrid = self.mix_offline(step, rollouts, problems, rewards, entropy, batch, embeddings)
                 rollouts, rewards, offpolicy, mixed = hybrid.rollouts, hybrid.rewards, hybrid.offpolicy, hybrid.metrics
-                batch = build_train_batch(rollouts, self.pad_id)
+                batch = build_train_batch(rollouts, self.pad_id, taus)
                 # Online rows keep their columns; teacher rows get 0 = behaviour 0, so a TIS weight of 1.
                 logp_old = align_columns(logp_old, batch.response_mask.shape[1]) * (~offpolicy)[:, None]
             grouped = rewards.view(len(problems), cfg.rollout.group_size)  # [P, N], hybrid for luffy/oger
             advantages = group_advantages(grouped, use_std=cfg.algorithm.use_std).flatten()  # [P * N]
-            tis = tis_weights(logp_old, batch.behaviour_logp, cfg.rollout.tis_cap)  # [B, T]
+            if cfg.preset.uses_offline:  # the teacher members' advantage: eq. 8-9 can make it strongly negative
+                mixed["advantage_sum"] = float(advantages[offpolicy].sum())
+            tis = tis_weights(logp_old, batch.behaviour_logp, cfg.rollout.tis_cap, mask=batch.response_mask,
+                              level=cfg.rollout.tis_level)  # [B, T]
             with timed(t, "update"):
                 stats = self.learner.update(batch, advantages, logp_old, tis, offpolicy)
             with timed(t, "sync"):
                 self.sync_weights()
         self.last_step_rows = (problems, rollouts, rewards, offpolicy)
         metrics = self.step_metrics(step, online, batch, rewards, grouped, reasons, tis, stats, t)
+        if cfg.rollout.decoding.schedule == "ead":
+            metrics["rollout/ead_decay"] = ead_decay(spec.step, d0=cfg.rollout.decoding.ead.d0)
         return metrics | self.offline_metrics(mixed)
+
+    def logprob_taus(self, spec: SamplingSpec) -> tuple[float, ...] | None:
+        """The learner's temperature at each response position: the rollout schedule's (`rollout`), or
+        None (T = 1; also a rollout at T = 1 everywhere, so that case stays bit for bit untempered)."""
+        if self.cfg.logprob_temperature != "rollout":
+            return None
+        taus = tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)
+        return None if all(tau == 1.0 for tau in taus) else taus
 
     def mix_offline(self, step, rollouts, problems, rewards, entropy, batch, embeddings) -> HybridGroups:
         """Teacher trajectories into the groups (luffy / oger*), OGER's reward on the online ones.
@@ -295,7 +314,7 @@ class Trial:
             rollouts, [p.question for p in problems], golds, rewards, last_entropy, preset=cfg.preset,
             k=cfg.algorithm.replacement_density, store=self.store, embed=embed,
             score=lambda texts, answers: self.score_texts(texts, answers)[0],
-            tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens,
+            tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens, prefill=cfg.prompt.prefill,
             rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
         )
         hybrid.metrics["encoder_seconds"] = encoder_seconds
@@ -311,6 +330,7 @@ class Trial:
             "offline/replaced": s["replaced"],
             "offline/accuracy": s["offline_correct"] / max(s["replaced"], 1.0),
             "offline/groups_without_data": s["no_offline_groups"],
+            "offline/advantage_mean": s["advantage_sum"] / max(s["replaced"], 1.0),
             "rollout/accuracy_online_kept": s["online_correct"] / max(s["online"], 1.0),
         }
         if self.cfg.preset.needs_embeddings:
@@ -364,25 +384,29 @@ class Trial:
         }
         return metrics
 
-    def validate(self) -> dict[str, float]:
+    def validate(self, steps_done: int) -> dict[str, float]:
         """The validation benchmarks judged and summarized as `orchestrator.evaluate` does: each rank
-        samples its slice of every benchmark, the verifier judges, rank 0 summarizes all problems."""
+        samples its slice of every benchmark (`validation.samples_of` it), the verifier judges each whole
+        assistant turn, rank 0 summarizes all problems. steps_done: the RL steps behind the policy (EAD's s)."""
         v = self.cfg.validation
-        shards = {name: problems[self.rank :: self.world] for name, problems in self.val_sets.items()}
-        mine = [(name, problem) for name, shard in shards.items() for problem in shard]
-        # Every rank makes the same number of calls (generate is a collective round), sized by the largest share.
-        largest = sum(-(-len(problems) // self.world) for problems in self.val_sets.values())
-        per_call = max(1, VALIDATION_SEQUENCES_PER_CALL // v.samples)
-        texts, tokens = [], []
-        for call, start in enumerate(range(0, largest, per_call)):
-            spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, self.learner.optimizer_step,
-                                 seed=(self.cfg.seed * 7919 + 17 + self.rank) * 1009 + call)  # same at every validation
-            rollouts = self.generate(self.encode([p for _, p in mine[start : start + per_call]]), v.samples, spec)
-            texts += rollouts.texts
-            tokens += [len(r) for r in rollouts.response_ids]
+        prompt = v.prompt or self.cfg.prompt
+        mine, texts, tokens, call = [], [], [], 0
+        for name, problems in self.val_sets.items():
+            k, shard = v.samples_of(name), problems[self.rank :: self.world]
+            mine += [(name, problem) for problem in shard]
+            per_call = max(1, VALIDATION_SEQUENCES_PER_CALL // k)
+            # Every rank makes the same number of calls (generate is a collective round), sized by the largest share.
+            for start in range(0, -(-len(problems) // self.world), per_call):
+                spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, steps_done,
+                                     seed=(self.cfg.seed * 7919 + 17 + self.rank) * 1009 + call)  # same at every validation
+                rollouts = self.generate(self.encode(shard[start : start + per_call], prompt), k, spec)
+                texts += [prompt.completion(text) for text in rollouts.texts]
+                tokens += [len(r) for r in rollouts.response_ids]
+                call += 1
+        ends = np.cumsum([0] + [v.samples_of(name) for name, _ in mine])  # problem i's samples: ends[i]:ends[i+1]
         verdicts = ray.get(self.verifier.judge.remote(
-            [(texts[i * v.samples : (i + 1) * v.samples], p.answer, bool(p.choices)) for i, (_, p) in enumerate(mine)]))
-        rows = [(name, p.uid, p.answer, correct, answers, sum(tokens[i * v.samples : (i + 1) * v.samples]))
+            [(texts[ends[i] : ends[i + 1]], p.answer, bool(p.choices)) for i, (_, p) in enumerate(mine)]))
+        rows = [(name, p.uid, p.answer, correct, answers, sum(tokens[ends[i] : ends[i + 1]]))
                 for i, ((name, p), (correct, answers)) in enumerate(zip(mine, verdicts))]
         gathered = [rows]
         if dist.is_initialized():
@@ -395,22 +419,24 @@ class Trial:
 
     def summarize_validation(self, rows: list[tuple]) -> dict[str, float]:
         """val/<benchmark>/<metric> from every problem's (benchmark, uid, gold, correct, answers, tokens),
-        val/macro/* over several benchmarks, and val/accuracy: avg@k macro-averaged (the default objective)."""
-        k = self.cfg.validation.samples
+        val/macro/* over several benchmarks (the metrics they share), and val/accuracy: each benchmark's
+        avg@k (its own k), macro-averaged (the default objective)."""
         metrics, rows_by_name = {}, {}
         for row in sorted(rows, key=lambda r: r[1]):  # problem order does not depend on the ranks
             rows_by_name.setdefault(row[0], []).append(row)
-        summaries = {}
+        summaries, accuracy = {}, {}
         for name, group in rows_by_name.items():
             _, _, golds, correct, answers, tokens = zip(*group)
+            k = self.cfg.validation.samples_of(name)
             summaries[name] = {**ray.get(self.verifier.summarize.remote(correct, answers, golds)),
                                "response_length": sum(tokens) / (k * len(group))}
+            accuracy[name] = summaries[name][f"avg@{k}"]
         if len(summaries) > 1:
             summaries["macro"] = macro_row(summaries)
         for name, summary in summaries.items():
             metrics.update({f"val/{name}/{metric_key(key)}": value for key, value in summary.items()})
         every = [s for name, s in summaries.items() if name != "macro"]
-        metrics["val/accuracy"] = sum(s[f"avg@{k}"] for s in every) / len(every)
+        metrics["val/accuracy"] = sum(accuracy.values()) / len(accuracy)
         metrics["val/response_length"] = sum(s["response_length"] for s in every) / len(every)
         return metrics
 
@@ -507,7 +533,7 @@ class Trial:
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
-                self.val_history.append((0, self.validate()))  # the base policy, before any update
+                self.val_history.append((0, self.validate(0)))  # the base policy, before any update
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
             self.log(-1, {**self.base_val, "timing/validate": t["validate"]})
         for step in range(self.start_step, cfg.learner.steps):
@@ -517,7 +543,7 @@ class Trial:
             validated = bool(every) and ((step + 1) % every == 0 or last)
             if validated:
                 with timed(t := {}, "validate"):
-                    self.val_history.append((step + 1, self.validate()))
+                    self.val_history.append((step + 1, self.validate(step + 1)))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
                 self.log_artifacts(step)
             metrics.update(self.base_val)

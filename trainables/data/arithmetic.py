@@ -27,6 +27,7 @@ class Problem:
     question: str  # "17+25", "7*3+4": no spaces, operators + - *
     answer: str  # the exact integer, "42" or "-3"
     level: int
+    messages: tuple[tuple[str, str], ...] = ()  # a data file's chat-list prompt, (role, content) turns
 
 
 # -- levels: each draws (question, exact integer answer) from its own, disjoint question space --

@@ -4,6 +4,8 @@ Raw rows are plain dicts, one per (prompt, target):
 
     {"question": str, "answer": str, "teacher": str, "solution": str}
 
+plus "messages", the (role, content) turns of a file's chat-list prompt, where it has one.
+
 They come from the built-in teachers (`builtin_rows`) or from a LUFFY / OpenR1-style file
 (`read_rows`: Parquet or JSONL). `build_store` normalises each solution to begin with `<think>`, then
 keeps the rows that fit a token cap and that the online reward's verifier accepts (OGER: a length cap
@@ -145,6 +147,17 @@ def _prompt_text(value: Any) -> str:
     return _text(_MISSING if value is None else value, "prompt")
 
 
+def _prompt_turns(value: Any) -> tuple[tuple[str, str], ...]:
+    """A chat-list prompt whole, as (role, content) turns (the `dataset` template keeps its system turn);
+    () for a string prompt. Every turn must be a {role, content} of strings, else "type:prompt"."""
+    if not isinstance(value, list):
+        return ()
+    turns = tuple((turn.get("role"), turn.get("content")) for turn in value if isinstance(turn, Mapping))
+    if len(turns) != len(value) or not all(isinstance(r, str) and isinstance(c, str) for r, c in turns):
+        raise _Malformed("type:prompt")
+    return turns
+
+
 def _target_items(value: Any) -> list[Any]:
     """The targets of a row: [value] for a string, the elements of a list (each one row)."""
     if value is _MISSING:
@@ -181,7 +194,8 @@ def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str
     if not isinstance(record, Mapping):
         return [], Counter({"type:row": 1})
     try:  # a bad prompt, ground truth or source loses the whole record: count it once
-        question = _prompt_text(_lookup(record, columns["prompt"]))
+        prompt = _lookup(record, columns["prompt"])
+        question, turns = _prompt_text(prompt), _prompt_turns(prompt)
         answer = _text(_lookup(record, columns["ground_truth"]), "ground_truth")
         teacher = _source(_lookup(record, columns["source"]))
         items = _target_items(_lookup(record, columns["target"]))
@@ -190,7 +204,8 @@ def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str
     rows, skipped = [], Counter()
     for item in items:  # a bad target loses only itself
         try:
-            rows.append({"question": question, "answer": answer, "teacher": teacher, "solution": _target_text(item)})
+            rows.append({"question": question, "answer": answer, "teacher": teacher, "solution": _target_text(item),
+                         **({"messages": turns} if turns else {})})
         except _Malformed as bad:
             skipped[bad.reason] += 1
     return rows, skipped
@@ -211,7 +226,8 @@ def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tup
     The format follows the suffix (.parquet, .jsonl, .json-lines). `columns` maps our field names to
     dotted column paths, overriding any of the defaults (DEFAULT_COLUMNS):
 
-        prompt       -> "prompt"                     string, or chat list: last user turn's content
+        prompt       -> "prompt"                     string, or chat list: last user turn's content is the
+                                                     question, the whole list the row's "messages"
         target       -> "target"                     string, list of strings, or list of {role, content}
         ground_truth -> "reward_model.ground_truth"  non-empty string (nested dict in Parquet / JSON)
         source       -> "data_source"                teacher name; "offline" where absent

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from trainables.config import TaskConfig, TrialConfig
-from trainables.data.arithmetic import Problem, make_splits, prompt_messages
+from trainables.config import PromptConfig, TaskConfig, TrialConfig
+from trainables.data.arithmetic import Problem, make_splits
 from trainables.data.offline import OfflineStore, build_store, builtin_rows, read_rows
+from trainables.data.prompts import PromptProblem, prompt_text
 
 
 def load_task(cfg: TaskConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
@@ -19,20 +20,22 @@ def train_problems(cfg: TrialConfig) -> list[Problem]:
     offline files with their ground truths (the first task.train_size, in file order)."""
     if cfg.task.name == "arithmetic":
         return load_task(cfg.task, cfg.seed)[0]
-    answers: dict[str, str] = {}
+    first: dict[str, dict] = {}
     for source in cfg.offline.files:
         for row in read_rows(source.path, source.columns)[0]:
-            answers.setdefault(row["question"].strip(), row["answer"].strip())  # as the store keys them
-    questions = list(answers)[: cfg.task.train_size]
-    return [Problem(f"offline-{i}", question, answers[question], level=0) for i, question in enumerate(questions)]
+            first.setdefault(row["question"].strip(), row)  # as the store keys them; the first row's chat list
+    questions = list(first)[: cfg.task.train_size]
+    return [Problem(f"offline-{i}", question, first[question]["answer"].strip(), level=0,
+                    messages=first[question].get("messages", ())) for i, question in enumerate(questions)]
 
 
-def encode_prompt(tokenizer, problem: Problem) -> list[int]:
-    """Token ids of the chat prompt, ending where the assistant starts to write."""
-    ids = tokenizer.apply_chat_template(prompt_messages(problem), add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in some versions
-        ids = ids["input_ids"]
-    return list(ids)
+def encode_prompt(tokenizer, problem: PromptProblem, prompt: PromptConfig | None = None) -> list[int]:
+    """Token ids of the chat prompt (`prompt.template`), ending where the assistant starts to write, then
+    the prefill: the tokens of the whole text, so a prefill merges with the template's last token as the
+    tokenizer would merge them (as LUFFY tokenizes its templated prompts)."""
+    prompt = prompt or PromptConfig()
+    text = prompt_text(tokenizer, problem, prompt.template, prompt.prefill, prompt.user_format)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem]) -> OfflineStore:
@@ -47,7 +50,22 @@ def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem]) -> Off
         rows += file_rows
         skipped += file_skipped
 
+    if off.teachers_used is not None:
+        rows, skipped = used_teachers(rows, off.teachers_used, skipped)
+
     def count_tokens(text: str) -> int:  # with the EOS the learner appends
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
 
     return build_store(rows, count_tokens=count_tokens, max_tokens=cfg.offline_max_tokens, skipped=skipped)
+
+
+def used_teachers(rows: list[dict], names: list[str], skipped: Counter) -> tuple[list[dict], Counter]:
+    """The raw rows of the teachers in `names` (`offline.teachers_used`); the others counted as
+    "teacher_unused". Raises ValueError naming a listed teacher that wrote no row."""
+    present = {str(row.get("teacher", "")).strip() for row in rows if isinstance(row, dict)}
+    missing = sorted(set(names) - present)
+    if missing:
+        raise ValueError(f"offline.teachers_used names {missing}, which wrote no trajectory here; the teachers "
+                         f"present are {sorted(present)}")
+    kept = [row for row in rows if isinstance(row, dict) and str(row.get("teacher", "")).strip() in names]
+    return kept, skipped + Counter({"teacher_unused": len(rows) - len(kept)})

@@ -1,7 +1,9 @@
 """Per-token temperature schedules: Exploratory Annealed Decoding (EAD) and a fixed temperature.
 
 EAD (Exploratory Annealed Decoding): explore early in a response, exploit late. For the generated
-token at index t (t = 0 is the first new token) at learner optimizer step s:
+token at index t (t = 0 is the first new token) at RL step s (the rollout round, counting from 1 at
+the first rollout, as the official trainer's `global_steps`; not the optimizer step, of which a round
+makes `learner.minibatches`):
 
     d_s   = min(d_0 + 5 s, 40000)                                   (global-step-aware decay)
     tau_t = max(1 + tau_max - exp(t / (S d_s)), tau_min)   for t >= c
@@ -23,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-DECAY_PER_STEP = 5  # d_s grows by 5 per optimizer step (EAD official code)
+DECAY_PER_STEP = 5  # d_s grows by 5 per RL step (EAD official code)
 MAX_DECAY = 40000  # cap of d_s
 MAX_EXP_ARG = 700.0  # exp(700) ~ 1e304 is finite in float64; beyond, tau_t is the floor anyway
 
@@ -31,7 +33,7 @@ MAX_EXP_ARG = 700.0  # exp(700) ~ 1e304 is finite in float64; beyond, tau_t is t
 def ead_decay(step: int, *, d0: float) -> float:
     """EAD global-step-aware decay: d_s = min(d_0 + 5 s, 40000).
 
-    step: s, the learner's optimizer step (0-based). d0: d_0, the decay at step 0.
+    step: s, the RL step (the rollout round, 1 at the first rollout). d0: d_0, the decay at s = 0.
     """
     return min(d0 + DECAY_PER_STEP * step, MAX_DECAY)
 
@@ -48,7 +50,7 @@ def ead_temperature(
 ) -> float:
     """EAD temperature of one token: tau_t = max(1 + tau_max - exp(t / (S d_s)), tau_min) for t >= c.
 
-    t: index of the generated token, from 0. step: s, the learner's optimizer step.
+    t: index of the generated token, from 0. step: s, the RL step (1 at the first rollout).
     warmup_tokens: c; tokens t < c are decoded at tau = 1. time_scale: S (absent from the paper,
     20 in the official code; 1.0 reproduces the paper's formula). A huge t gives tau_min, never an
     OverflowError.

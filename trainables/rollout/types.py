@@ -17,7 +17,7 @@ class SamplingSpec:
     params: dict[str, float]
     max_new_tokens: int
     top_p: float = 1.0
-    step: int = 0  # learner optimizer step, for the step-aware EAD decay
+    step: int = 0  # RL step (rollout round, 1 at the first rollout), for the step-aware EAD decay
     seed: int = 0
 
 
