@@ -255,8 +255,10 @@ class Trial:
                 rollouts = self.generate(self.encode(problems), cfg.rollout.group_size, spec)
                 self.release_gpus()
             online = rollouts
-            # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass.
-            embeddings = (self.embedder.embed.remote(rollouts.texts, [p.question for p in problems])
+            # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass: whole
+            # assistant turns (prefill + response), as the teachers' texts it compares them with.
+            embeddings = (self.embedder.embed.remote([cfg.prompt.completion(text) for text in rollouts.texts],
+                                                     [p.question for p in problems])
                           if self.embedder is not None else None)
             with timed(t, "score"):
                 rewards, reasons = self.score(rollouts, problems)
