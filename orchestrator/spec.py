@@ -30,6 +30,7 @@ from trainables.config import (
     TrialConfig,
     ValidationConfig,
 )
+from orchestrator.preflight import memory_report
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
 from trainables.rollout.ead import ead_decay
 
@@ -298,7 +299,8 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None,
 
 
 def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> str:
-    """What a spec amounts to, one line each: batch sizes, optimizer steps, GPUs (`--dry-run`)."""
+    """What a spec amounts to, one line each: batch sizes, optimizer steps, GPUs, the objective, and the
+    memory pre-flight (`--dry-run`)."""
     lr, ro = trial.learner, trial.rollout
     per_trial = trial.gpus
     engine = ("colocated with the learner (sleep mode)" if ro.colocate else
@@ -313,6 +315,7 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
         f"(ZeRO-{lr.zero_stage}), {ro.num_engines} rollout engine(s) ({ro.backend}) on {engine}: "
         f"{per_trial:g} GPU(s)",
         recipe_line(trial),
+        memory_report(trial),
         *([f"sweep: {search.num_samples} trials, {search.max_concurrent_trials} at once: "
            f"{per_trial * search.max_concurrent_trials:g} GPUs busy"] if search else []),
     ])

@@ -96,7 +96,10 @@ def test_paper_specs_validate_and_print_what_they_amount_to(spec, capsys):
     assert f"{trial.learner.steps} RL steps = {2 * trial.learner.steps} optimizer steps" in out
     assert trial.gpus == 8 and "8 GPU(s)" in out  # one 8-GPU node per trial
     assert "4 learner rank(s) on GPUs" in out and "2 rollout engine(s) (vllm) on 2 GPU(s) each" in out
-    assert trial.learner.lr == 1e-6 and trial.algorithm.kl_coef == 0 and trial.algorithm.entropy_coef == 0.01
+    entropy = 0.001 if trial.algorithm.name == "luffy" else 0.01  # LUFFY's own script; the OGER paper's
+    assert trial.learner.lr == 1e-6 and trial.algorithm.kl_coef == 0 and trial.algorithm.entropy_coef == entropy
+    assert trial.prompt.template == "openr1" and trial.prompt.prefill == "<think>\n"
+    assert "learner: fits" in out and "WILL NOT FIT" not in out  # the memory pre-flight
     assert trial.model.config_overrides == {"rope_theta": 40000.0, "max_position_embeddings": 16384}
     assert trial.rollout.backend == "vllm" and trial.offline.files
 

@@ -11,6 +11,7 @@ from trainables.losses import (
     entropy_from_logits,
     kl_k3,
     masked_mean,
+    policy_objective,
     policy_shaping_loss,
     ppo_token_loss,
     tis_weights,
@@ -294,3 +295,58 @@ def test_bad_mask_and_normaliser_raise_with_the_fix():
     mask = torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="num_tokens must be > 0"):
         aggregate_loss("token-mean", values, mask, num_tokens=0, num_seqs=1, norm_len=2)
+
+
+# ---------------------------------------------------------------- the objective -----------------
+def _objective_inputs():
+    gen = torch.Generator().manual_seed(3)
+    logp = (torch.rand(3, 4, generator=gen, dtype=torch.float64).log() - 0.1).requires_grad_()
+    logp_old = logp.detach() + 0.2 * torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True], [True, False, False, False]])
+    return {"logp": logp, "logp_old": logp_old, "advantages": torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64),
+            "tis": torch.tensor([[1.0, 2.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64),
+            "teacher": torch.tensor([False, False, True]), "mask": mask}
+
+
+COEFFS = dict(clip_low=0.2, clip_high=0.28, dual_clip=None, shaping_gamma=0.1, loss_agg="token-mean",
+              num_tokens=7, num_seqs=3, norm_len=4)
+
+
+def test_objective_is_its_terms():
+    """L = agg(TIS x PPO on online rows, shaped loss on teacher rows) - c_H agg(H) + c_KL agg(k3)."""
+    x = _objective_inputs()
+    entropy = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    logp_ref = x["logp"].detach() - 0.1
+    loss, stats = policy_objective(**x, entropy=entropy, logp_ref=logp_ref, entropy_coef=0.01, kl_coef=0.05, **COEFFS)
+    pg, clipped = ppo_token_loss(x["logp"], x["logp_old"], x["advantages"], clip_low=0.2, clip_high=0.28)
+    pg = torch.where(x["teacher"][:, None], policy_shaping_loss(x["logp"], x["advantages"], gamma=0.1), pg * x["tis"])
+    norm = {"num_tokens": 7, "num_seqs": 3, "norm_len": 4}
+    expected = (aggregate_loss("token-mean", pg, x["mask"], **norm)
+                - 0.01 * aggregate_loss("token-mean", entropy, x["mask"], **norm)
+                + 0.05 * aggregate_loss("token-mean", kl_k3(x["logp"], logp_ref), x["mask"], **norm))
+    torch.testing.assert_close(loss, expected)
+    assert stats["offpolicy"].item() == 1.0  # the teacher row has one response token
+    assert stats["clipped"].item() == float((clipped & ~x["teacher"][:, None] & x["mask"]).sum())
+    torch.testing.assert_close(stats["pg_loss"], torch.where(x["mask"], pg, 0).sum().detach())
+    assert all(not value.requires_grad and value.dim() == 0 for value in stats.values())
+    loss.backward()
+    torch.testing.assert_close(entropy.grad[x["mask"]], torch.full((7,), -0.01 / 7, dtype=torch.float64))
+
+
+def test_objective_hand_worked():
+    """Two tokens of one online row, A = 1, ratios 1.5 (clipped at 1.28) and 0.9, TIS 1: token-mean of
+    -1.28 and -0.9; a teacher token with p = 0.1, A = 1: -0.1 / 0.2 = -0.5."""
+    logp_old = torch.log(torch.tensor([[0.2, 0.5]], dtype=torch.float64))
+    logp = torch.log(torch.tensor([[0.3, 0.45]], dtype=torch.float64))
+    kw = {**COEFFS, "num_tokens": 2, "num_seqs": 1, "entropy_coef": 0.0, "kl_coef": 0.0}
+    loss, stats = policy_objective(logp, logp_old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
+                                   torch.tensor([False]), torch.ones(1, 2, dtype=torch.bool), **kw)
+    assert loss.item() == pytest.approx((-1.28 - 0.9) / 2)
+    assert stats["clipped"].item() == 1.0 and stats["kl"].item() == 0.0
+    teacher, _ = policy_objective(torch.log(torch.tensor([[0.1]], dtype=torch.float64)), torch.zeros(1, 1),
+                                  torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), torch.tensor([True]),
+                                  torch.ones(1, 1, dtype=torch.bool), **{**kw, "num_tokens": 1})
+    assert teacher.item() == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="entropy_coef > 0 needs the entropy"):
+        policy_objective(logp, logp_old, torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([False]),
+                         torch.ones(1, 2, dtype=torch.bool), **{**kw, "entropy_coef": 0.1})

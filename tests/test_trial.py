@@ -89,12 +89,14 @@ def test_oger_trial_runs_and_records_its_metrics(ray_cluster, tiny_model_path, t
 
 @pytest.mark.slow
 def test_ead_decay_follows_rl_steps_with_two_minibatches(ray_cluster, tiny_model_path, tmp_path):
-    """d_s = d0 + 5 s at RL step s = 1, 2, 3 although each step makes two optimizer steps; and validation
-    samples each benchmark its own k (avg@2 on one, avg@1 on the other)."""
+    """d_s = d0 + 5 s at RL step s = 1, 2, 3 although each step makes two optimizer steps; validation samples
+    each benchmark its own k (avg@2 on one, avg@1 on the other); the learner runs micro-batches sized by
+    tokens with gradient checkpointing, and reports their padding."""
     steps = 3
     cfg = load_trial_spec("search_spaces/ead.yaml", [
         f"storage={tmp_path}", f"learner.steps={steps}", "learner.minibatches=2", f"validation.every={steps}",
-        "validation.num_prompts=8", "validation.samples=2"])
+        "validation.num_prompts=8", "validation.samples=2", "learner.max_tokens_per_micro_batch=400",
+        "learner.gradient_checkpointing=true"])
     cfg.validation.benchmarks = {"arithmetic": None, "math500": str(math500_copy_of_validation(cfg, tmp_path / "m.jsonl"))}
     cfg.validation.samples_by_benchmark = {"math500": 1}
     final = train.run(cfg)
@@ -106,3 +108,5 @@ def test_ead_decay_follows_rl_steps_with_two_minibatches(ray_cluster, tiny_model
     assert final["val/accuracy"] == pytest.approx((final["val/arithmetic/avg_at_2"] + final["val/math500/avg_at_1"]) / 2)
     assert "val/math500/avg_at_2" not in final and "val/macro/pass_at_1" in final
     assert set(cfg.validation.metric_names()) <= set(final)
+    pads = [v for _, v in tracker.metric_history(run.info.run_id, "learner/pad_fraction")]
+    assert len(pads) == steps and all(0 <= v < 0.5 for v in pads), pads

@@ -290,6 +290,17 @@ class LearnerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
     grad_clip: PositiveFloat | None = Field(1.0, description="Gradient-norm clip; null: off.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in backward (the model's own switch): "
+        "only layer inputs are kept, at about one more forward pass of compute.")
+    max_tokens_per_micro_batch: PositiveInt | None = Field(
+        None, description="Micro-batches sized by tokens (verl's dynamic batch size): rows grouped so that rows x "
+        "the longest row stays within this; null: micro_batch_size rows each. The loss is the same either way.")
+    logits_chunk_tokens: PositiveInt | None = Field(
+        1024, description="Response positions whose vocabulary row (logits, log-softmax, entropy) exists at a time; "
+        "each chunk is recomputed in backward. null: the whole batch's logits at once (the straightforward pass).")
+    gpu_memory_gb: PositiveFloat = Field(
+        80.0, description="Memory of one GPU, for the --dry-run memory pre-flight of learner ranks and engines.")
 
 
 class ValidationConfig(Section):

@@ -10,16 +10,20 @@ by the world size to turn the average back into that global sum).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from trainables.batching import pad_tokens, split_to, token_budget_groups
 from trainables.config import TrialConfig
-from trainables.losses import aggregate_loss, entropy_from_logits, kl_k3, policy_shaping_loss, ppo_token_loss
+from trainables.logprobs import token_logprobs
+from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective
 from trainables.rollout.types import RolloutBatch, pad_right
 
 
@@ -121,6 +125,28 @@ def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16
     return config
 
 
+def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                      temperature: torch.Tensor | None, *, chunk_tokens: int | None,
+                      entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM's (log pi(y_t) [B, T], H_t [B, T]) for input_ids long[B, T + 1] at mask bool[B, T]: the
+    decoder, then the head one chunk of positions at a time (`trainables.logprobs`), or with chunk_tokens
+    None the straightforward pass, logits [B, T, V] in fp32. H is zeros for entropy "none"."""
+    if chunk_tokens is not None:
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                     use_cache=False).last_hidden_state[:, :-1]  # [B, T, H]
+        logp, ent = token_logprobs(model.get_output_embeddings(), hidden, input_ids[:, 1:], mask, temperature,
+                                   chunk_tokens=chunk_tokens, entropy=entropy)
+        return logp, torch.zeros_like(logp) if ent is None else ent
+    logits = type(model).forward(model, input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).logits[:, :-1].float()  # [B, T, V]
+    if temperature is not None:
+        logits = logits / temperature[..., None]
+    logp = logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T]
+    if entropy == "none":
+        return logp, torch.zeros_like(logp)
+    return logp, entropy_from_logits(logits if entropy == "grad" else logits.detach())
+
+
 class Learner:
     """One data-parallel rank. All ranks call every method the same number of times (collectives)."""
 
@@ -134,12 +160,16 @@ class Learner:
         self.device = device
         bf16 = cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and device != "cpu")
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if cfg.learner.gradient_checkpointing:  # the model's own switch: layers recomputed in backward
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.micro_batches = math.ceil(cfg.sequences_per_rank / cfg.learner.minibatches
                                        / cfg.learner.micro_batch_size)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, world_size, self.micro_batches, bf16),
         )
+        module = self.engine.module
+        module.forward = functools.partial(response_logprobs, module)  # what the engine's forward computes
         self.reference = None
         if cfg.algorithm.kl_coef > 0:  # a frozen copy of the initial policy
             self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
@@ -149,89 +179,99 @@ class Learner:
     def optimizer_step(self) -> int:
         return int(self.engine.global_steps)
 
-    def _forward(self, model, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logp [B, T], logits [B, T, V]) of the batch's targets at the batch's temperature, trimmed to
-        its longest row."""
+    def _forward(self, model, batch: TrainBatch, entropy: str = "value") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logp [B, T], entropy [B, T] or None; ENTROPY_MODES) of the batch's response targets at its
+        temperature, trimmed to its longest row. model: the DeepSpeed engine (its module's forward is
+        `response_logprobs`, so ZeRO-3 gathers and releases every parameter inside the engine's forward)
+        or a plain causal LM (the reference)."""
         width = int(batch.attention_mask.sum(1).max())
-        ids = batch.input_ids[:, :width].to(self.device)
-        logits = model(input_ids=ids, attention_mask=batch.attention_mask[:, :width].to(self.device)).logits
-        logits = logits[:, :-1].float()  # [B, width-1, V]: position j predicts token j + 1
-        if batch.temperature is not None:  # the rollout's tempered policy: logits / tau_t
-            logits = logits / batch.temperature[:, : width - 1, None].to(self.device)
-        logp = logits.log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        pad = batch.response_mask.shape[1] - logp.shape[1]
-        return torch.nn.functional.pad(logp, (0, pad)), torch.nn.functional.pad(logits, (0, 0, 0, pad))
+        cols = slice(0, width - 1)  # column j holds token j + 1
+        temperature = None if batch.temperature is None else batch.temperature[:, cols].to(self.device)
+        forward = model if model is self.engine else functools.partial(response_logprobs, model)
+        logp, ent = forward(batch.input_ids[:, :width].to(self.device), batch.attention_mask[:, :width].to(self.device),
+                            batch.response_mask[:, cols].to(self.device), temperature,
+                            chunk_tokens=self.cfg.learner.logits_chunk_tokens, entropy=entropy)
+        pad = (0, batch.response_mask.shape[1] - (width - 1))
+        return F.pad(logp, pad), None if entropy == "none" else F.pad(ent, pad)
 
-    def _micro_slices(self, size: int) -> list[slice]:
-        step = math.ceil(size / self.micro_batches)
-        return [slice(i, min(i + step, size)) for i in range(0, size, step)]
+    def _micro_batches(self, batch: TrainBatch, rows: range) -> tuple[list[list[int]], tuple[int, int]]:
+        """Row indices of each micro-batch over `rows`: `micro_batch_size` rows each, or grouped by
+        `learner.max_tokens_per_micro_batch` (every rank runs as many as the rank that needs most); and
+        their (padding, padded) token counts."""
+        lengths = batch.attention_mask[rows.start : rows.stop].sum(1).tolist()
+        budget = self.cfg.learner.max_tokens_per_micro_batch
+        if budget:
+            groups = token_budget_groups(lengths, budget)
+            count = torch.tensor([len(groups)])
+            if dist.is_initialized():
+                dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            groups = split_to(groups, int(count))
+        else:
+            step = math.ceil(len(lengths) / self.micro_batches)
+            groups = [list(range(i, min(i + step, len(lengths)))) for i in range(0, len(lengths), step)]
+        return [[rows.start + i for i in group] for group in groups], pad_tokens(lengths, groups)
 
     @torch.no_grad()
     def old_logprobs(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The pass before the update, at the batch's temperature: (logp_old [B, T], entropy [B, T])."""
         self.engine.eval()
-        logps, entropies = [], []
-        for rows in self._micro_slices(batch.size):
-            logp, logits = self._forward(self.engine, batch.rows(rows))
-            logps.append(logp.cpu())
-            entropies.append(entropy_from_logits(logits).cpu())
-        return torch.cat(logps), torch.cat(entropies)
+        logp_old, entropy = torch.zeros(batch.response_mask.shape), torch.zeros(batch.response_mask.shape)
+        for group in self._micro_batches(batch, range(batch.size))[0]:
+            logp, ent = self._forward(self.engine, batch.rows(group))
+            logp_old[group], entropy[group] = logp.cpu(), ent.cpu()
+        return logp_old, entropy
 
     def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor,
                tis: torch.Tensor, offpolicy: torch.Tensor | None = None) -> dict[str, float]:
         """`minibatches` optimizer steps over the rank's batch; advantages [B], tis [B, T].
 
         offpolicy: bool[B], True on teacher rows: their tokens take LUFFY's shaped loss -A f(p), with
-        no ratio, clip or TIS; the other rows keep the PPO/TIS term.
-        Returns per-rank sums for metrics (`*_sum` over response tokens, plus `tokens`).
+        no ratio, clip or TIS; the other rows keep the PPO/TIS term (`trainables.losses.policy_objective`).
+        Returns per-rank sums for metrics (`*_sum` over response tokens and the padding, plus `tokens`),
+        read from the device once.
         """
-        if offpolicy is None:
-            offpolicy = torch.zeros(batch.size, dtype=torch.bool)
+        offpolicy = torch.zeros(batch.size, dtype=torch.bool) if offpolicy is None else offpolicy
         self.engine.train()
-        algo = self.cfg.algorithm
-        sums: dict[str, float] = {}
-        rows_per_minibatch = batch.size // self.cfg.learner.minibatches
+        totals, padding = dict.fromkeys(STAT_KEYS, 0.0), torch.zeros(2)
+        per_minibatch = batch.size // self.cfg.learner.minibatches
         for m in range(self.cfg.learner.minibatches):
-            mb = slice(m * rows_per_minibatch, (m + 1) * rows_per_minibatch)
-            mask = batch.response_mask[mb]
-            counts = torch.tensor([mask.sum(), mask.any(1).sum()], dtype=torch.float64)
-            if dist.is_initialized():
-                dist.all_reduce(counts)  # global tokens and sequences of this optimizer batch
-            norm = {"num_tokens": counts[0].item(), "num_seqs": counts[1].item(), "norm_len": self.cfg.loss_norm_len}
-            base = mb.start
-            for rows in self._micro_slices(rows_per_minibatch):
-                idx = slice(base + rows.start, base + rows.stop)
-                micro = batch.rows(idx)
-                logp, logits = self._forward(self.engine, micro)
-                mmask = micro.response_mask.to(self.device)
-                adv = advantages[idx].to(self.device)
-                pg, clipped = ppo_token_loss(logp, logp_old[idx].to(self.device), adv,
-                                             clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                             dual_clip=algo.dual_clip)
-                pg = pg * tis[idx].to(self.device)
-                teacher = offpolicy[idx].to(self.device)[:, None]  # [b, 1]
-                if teacher.any():
-                    shaped = policy_shaping_loss(logp, adv, gamma=algo.shaping_gamma)
-                    pg, clipped = torch.where(teacher, shaped, pg), clipped & ~teacher
-                entropy = entropy_from_logits(logits)
-                loss = aggregate_loss(algo.loss_agg, pg, mmask, **norm)
-                if algo.entropy_coef:
-                    loss = loss - algo.entropy_coef * aggregate_loss(algo.loss_agg, entropy, mmask, **norm)
-                kl = torch.zeros_like(logp)
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref_logp, _ = self._forward(self.reference, micro)
-                    kl = kl_k3(logp, ref_logp)
-                    loss = loss + algo.kl_coef * aggregate_loss(algo.loss_agg, kl, mmask, **norm)
+            rows = range(m * per_minibatch, (m + 1) * per_minibatch)
+            norm = self._normalisers(batch.response_mask[rows.start : rows.stop])
+            groups, waste = self._micro_batches(batch, rows)
+            padding += torch.tensor(waste)
+            for i, group in enumerate(groups):
+                self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)  # a step after the last
+                loss, stats = self._micro_loss(batch, group, advantages, logp_old, tis, offpolicy, norm)
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
-                self.engine.step()  # an optimizer step only at the accumulation boundary
-                for key, val in (("pg_loss", pg), ("entropy", entropy), ("clipped", clipped.float()),
-                                 ("kl", kl), ("offpolicy", teacher.expand_as(pg).float())):
-                    sums[f"{key}_sum"] = sums.get(f"{key}_sum", 0.0) + float((val.detach() * mmask).sum())
-            sums["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
-        sums["tokens"] = float(batch.response_mask.sum())
-        sums["lr"] = float(self.engine.get_lr()[0])
+                self.engine.step()
+                totals = {key: totals[key] + stats[key].double() for key in STAT_KEYS}
+        sums = dict(zip((f"{key}_sum" for key in STAT_KEYS), torch.stack(list(totals.values())).tolist()))
+        sums |= {"pad_sum": float(padding[0]), "padded_sum": float(padding[1])}
+        sums |= {"grad_norm": float(self.engine.get_global_grad_norm() or 0.0),  # the last optimizer step's
+                 "tokens": float(batch.response_mask.sum()), "lr": float(self.engine.get_lr()[0])}
         return sums
+
+    def _normalisers(self, mask: torch.Tensor) -> dict[str, float]:
+        """The optimizer batch's global token and sequence counts (all ranks), and the constant length."""
+        counts = torch.tensor([mask.sum(), mask.any(1).sum()], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(counts)
+        return {"num_tokens": counts[0].item(), "num_seqs": counts[1].item(), "norm_len": self.cfg.loss_norm_len}
+
+    def _micro_loss(self, batch, group, advantages, logp_old, tis, offpolicy, norm):
+        """One micro-batch's share of the loss and its per-token sums (`policy_objective`)."""
+        algo, micro = self.cfg.algorithm, batch.rows(group)
+        logp, entropy = self._forward(self.engine, micro, "grad" if algo.entropy_coef else "value")
+        logp_ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                logp_ref, _ = self._forward(self.reference, micro, "none")
+        on = lambda t: t[group].to(self.device)  # noqa: E731 - this micro-batch's rows on the learner's device
+        return policy_objective(
+            logp, on(logp_old), on(advantages), on(tis), on(offpolicy), micro.response_mask.to(self.device),
+            entropy=entropy, logp_ref=logp_ref, clip_low=algo.clip_low, clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip, shaping_gamma=algo.shaping_gamma, entropy_coef=algo.entropy_coef,
+            kl_coef=algo.kl_coef, loss_agg=algo.loss_agg, **norm)
 
     def full_state_dict(self, keep_device: bool = False) -> dict[str, torch.Tensor]:
         """Full weights for the rollout engine (collective under ZeRO-3; every rank must call it), as

@@ -218,3 +218,60 @@ def aggregate_loss(
         if isinstance(value, (int, float)) and value <= 0:
             raise ValueError(f"{name} must be > 0 (got {value}); count it over the whole optimizer batch")
     return AGGREGATIONS[mode](values, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
+
+
+# ---------------------------------------------------------------- the objective -----------------
+STAT_KEYS = ("pg_loss", "entropy", "clipped", "kl", "offpolicy")  # per-token sums `policy_objective` returns
+
+
+def policy_objective(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    tis: torch.Tensor,
+    teacher: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    entropy: torch.Tensor | None = None,
+    logp_ref: torch.Tensor | None = None,
+    clip_low: float | None,
+    clip_high: float | None,
+    dual_clip: float | None,
+    shaping_gamma: float,
+    entropy_coef: float,
+    kl_coef: float,
+    loss_agg: str,
+    num_tokens,
+    num_seqs,
+    norm_len,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy loss of a micro-batch: GRPO/DAPO's clipped ratio weighted by TIS on online rows, LUFFY's
+    shaped loss on teacher rows, an entropy bonus and a k3 KL, each aggregated by `loss_agg`.
+
+        l_t = w_t PPO_t(r_t, A)     online rows (w_t: TIS weight, r_t = pi / pi_old)
+        l_t = -A f(p_t)             teacher rows (LUFFY; f(p) = p / (p + gamma), no ratio, clip or TIS)
+        L   = agg(l) - c_H agg(H) + c_KL agg(k3(pi, pi_ref))
+
+    logp, logp_old, tis: [B, T]; advantages: [B] or [B, T]; teacher: bool[B] (teacher rows); mask:
+    bool[B, T]; entropy: [B, T] (needed, with its graph, when entropy_coef > 0; else a metric or None);
+    logp_ref: [B, T] or None (no KL term). num_tokens, num_seqs, norm_len: the global normalisers of
+    `aggregate_loss`. Returns (loss scalar, {key: sum over mask} for key in STAT_KEYS, 0-d tensors,
+    detached: the caller syncs them once per step).
+    """
+    if entropy_coef and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the entropy [B, T] with its graph; pass entropy=")
+    pg, clipped = ppo_token_loss(logp, logp_old, advantages, clip_low=clip_low, clip_high=clip_high,
+                                 dual_clip=dual_clip)
+    rows = teacher[:, None].expand_as(pg)  # bool[B, T]
+    shaped = policy_shaping_loss(logp, advantages, gamma=shaping_gamma)
+    pg, clipped = torch.where(rows, shaped, pg * tis), clipped & ~rows
+    norm = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": norm_len}
+    loss = aggregate_loss(loss_agg, pg, mask, **norm)
+    if entropy_coef:
+        loss = loss - entropy_coef * aggregate_loss(loss_agg, entropy, mask, **norm)
+    kl = torch.zeros_like(logp) if logp_ref is None else kl_k3(logp, logp_ref)  # [B, T]
+    if logp_ref is not None:
+        loss = loss + kl_coef * aggregate_loss(loss_agg, kl, mask, **norm)
+    per_token = {"pg_loss": pg, "entropy": torch.zeros_like(logp) if entropy is None else entropy,
+                 "clipped": clipped.float(), "kl": kl, "offpolicy": rows.float()}
+    return loss, {key: _masked(value.detach(), mask).sum() for key, value in per_token.items()}

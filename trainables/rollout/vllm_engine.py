@@ -42,7 +42,7 @@ from trainables.rollout.types import RolloutBatch, SamplingSpec
 # Keys of SamplingParams.extra_args read by the processor.
 SCHEDULE_KEY = "temperature_schedule"  # a key of SCHEDULES
 PARAMS_KEY = "schedule_params"  # keyword arguments of that schedule
-STEP_KEY = "learner_step"  # the learner's optimizer step s (EAD's step-aware decay)
+STEP_KEY = "learner_step"  # the RL step s (EAD's step-aware decay)
 
 _PROCESSOR_CLASS = None
 
