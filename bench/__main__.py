@@ -9,7 +9,9 @@ noise), checked against its target, printed as one table and written as JSON:
            rollout service actor over the same engine called in-process, the weight push by gloo
            broadcast over the push through Ray's object store;
   trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
-           wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios.
+           wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios;
+  learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
+           response token over one fp32 logits row at V = 151,936, and update tokens/s.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
 full run takes about 8 minutes on 2 cores. docs/performance.md explains the cost model.
@@ -28,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-SECTIONS = ("sweep", "engines", "trials")
+SECTIONS = ("sweep", "engines", "trials", "learner")
 ALGORITHMS = ("grpo", "luffy", "oger")
 # row -> (direction, target); None: reported, no target
 TARGETS: dict[str, tuple[str, float] | None] = {
@@ -48,6 +50,9 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "checkpoint / its interval": ("<=", 0.05),
     "report + logging / wall": ("<=", 0.02),
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
+    "learner memory per response token / fp32 logits row (V = 151,936)": ("<=", 0.25),
+    "learner memory per response token / fp32 logits row, full-logits pass": None,
+    "learner update tokens/s, chunked / full-logits pass": (">=", 0.95),
 }
 console = Console()
 
@@ -106,6 +111,19 @@ def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tu
             "checkpoint / its interval": main["checkpoint_share_of_interval"],
             "report + logging / wall": main["report_logging_share_of_wall"]}
     return rows, {"algorithms": figures, "ratios": ratios}
+
+
+def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
+    from bench.learner import learner_figures
+    from trainables.data.bootstrap import resolve_model_path
+
+    console.print("[bold]learner[/bold]: old log-probs + update, chunked and full-logits passes, fresh processes")
+    figures = learner_figures(cfg, quick, str(resolve_model_path(cfg.model, cfg.cache_dir)))
+    return {"learner memory per response token / fp32 logits row (V = 151,936)":
+            figures["chunked"]["per_token_over_logits_row"],
+            "learner memory per response token / fp32 logits row, full-logits pass":
+            figures["full"]["per_token_over_logits_row"],
+            "learner update tokens/s, chunked / full-logits pass": figures["speed"]["chunked_over_full"]}, figures
 
 
 def print_table(rows: dict, title: str) -> None:
@@ -177,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             found, details["sweep"] = sweep_rows(args.spec, storage / "sweep", args.quick)
         elif section == "engines":
             found, details["engines"] = engine_rows(cfg, args.quick)
+        elif section == "learner":
+            found, details["learner"] = learner_rows(cfg, args.quick)
         else:
             found, details["trials"] = trial_rows(args.spec, storage / "trials", steps, args.overrides)
         rows.update(found)
