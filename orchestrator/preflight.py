@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from trainables.config import TrialConfig
-from trainables.memory import GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
+from trainables.memory import GB, GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
 
 PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's prompt allowance, by task
 # (LUFFY's max_prompt_length for real data; the built-in task's prompts are a few dozen tokens)
@@ -57,7 +57,8 @@ def memory_report(cfg: TrialConfig) -> str:
     lr, ro = cfg.learner, cfg.rollout
     bf16 = cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and lr.use_gpu)
     tokens = micro_batch_tokens(cfg)
-    where = f"GPU of {lr.gpu_memory_gb:g} GB" if lr.use_gpu else "rank (CPU memory here)"
+    where = (f"GPU of {lr.gpu_memory_gb:g} GB ({lr.gpu_memory_gb * GB / GIB:.1f} GiB)" if lr.use_gpu
+             else "rank (CPU memory here)")
 
     def estimate(checkpointing: bool):
         return learner_memory(shape, dtype_bytes=2 if bf16 else 4, zero_stage=lr.zero_stage, world=lr.num_workers,
@@ -73,10 +74,10 @@ def memory_report(cfg: TrialConfig) -> str:
              f"{lr.num_workers}) + activations {mem.activations / GIB:.1f} (checkpointing "
              f"{'on' if lr.gradient_checkpointing else 'off'}) + logits chunk {mem.logits / GIB:.2f} + reserve "
              f"{mem.reserve / GIB:.1f}"]
-    if lr.use_gpu and mem.total > lr.gpu_memory_gb * GIB:
+    if lr.use_gpu and mem.total > lr.gpu_memory_gb * GB:
         lines.append("  learner: WILL NOT FIT. " + learner_fix(cfg, mem, estimate(True)))
     elif lr.use_gpu:
-        lines.append(f"  learner: fits ({mem.total / GIB:.1f} of {lr.gpu_memory_gb:g} GB)")
+        lines.append(f"  learner: fits ({mem.total / GIB:.1f} of {lr.gpu_memory_gb * GB / GIB:.1f} GiB)")
     if ro.backend == "vllm" and ro.num_gpus:
         lines += engine_lines(cfg, shape, bf16)
     return "\n".join(lines)
@@ -84,7 +85,7 @@ def memory_report(cfg: TrialConfig) -> str:
 
 def learner_fix(cfg: TrialConfig, mem, checkpointed) -> str:
     """The knob that brings a rank under its GPU's memory, in the order a researcher would reach for them."""
-    lr, gpu = cfg.learner, cfg.learner.gpu_memory_gb * GIB
+    lr, gpu = cfg.learner, cfg.learner.gpu_memory_gb * GB
     if not lr.gradient_checkpointing and checkpointed.total <= gpu:
         return f"learner.gradient_checkpointing: true brings it to {checkpointed.total / GIB:.1f} GiB"
     states = mem.weights + mem.gradients + mem.optimizer

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainables.memory import GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
+from trainables.memory import GB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
 
 MEASURE = r"""
 import json, sys
@@ -117,4 +117,4 @@ def test_zero_stages_shard_what_deepspeed_shards():
     assert by_stage[3].weights == p / 2
     eng = engine_memory(shape, dtype_bytes=2, tensor_parallel=2, gpu_gb=80, utilization=0.85, max_len=9216, sequences=64)
     assert eng.kv_per_sequence == 2 * 28 * 512 * 2 * 9216 / 2  # K = 4 heads x 128
-    assert eng.concurrent == int((0.85 * 80 * GIB * 0.95 - p) // eng.kv_per_sequence)
+    assert eng.concurrent == int((0.85 * 80 * GB * 0.95 - p) // eng.kv_per_sequence)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
+GB = 10**9  # GPUs are sold in GB: an 80 GB card holds 74.5 GiB
 FRAMEWORK_RESERVE_GB = 2.0  # CUDA context, NCCL buffers, allocator fragmentation: a conservative allowance
 ENGINE_ACTIVATION_FRACTION = 0.05  # of the engine's share left for vLLM's own activations and graphs
 
@@ -144,5 +145,5 @@ def engine_memory(shape: ModelShape, *, dtype_bytes: int, tensor_parallel: int, 
                   utilization: float, max_len: int, sequences: int) -> EngineMemory:
     """One vLLM engine over `tensor_parallel` GPUs of `gpu_gb` each."""
     kv = 2 * shape.layers * shape.kv_width * dtype_bytes * max_len / tensor_parallel
-    return EngineMemory(budget=utilization * gpu_gb * GIB, weights=shape.params * dtype_bytes / tensor_parallel,
+    return EngineMemory(budget=utilization * gpu_gb * GB, weights=shape.params * dtype_bytes / tensor_parallel,
                         kv_per_sequence=kv, sequences=sequences)
