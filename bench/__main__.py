@@ -14,7 +14,7 @@ noise), checked against its target, printed as one table and written as JSON:
            response token over one fp32 logits row at V = 151,936, and update tokens/s.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
-full run takes about 8 minutes on 2 cores. docs/performance.md explains the cost model.
+full run takes about 7 minutes on 2 cores. docs/performance.md explains the cost model.
 """
 
 from __future__ import annotations

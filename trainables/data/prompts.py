@@ -21,8 +21,9 @@ from typing import Protocol
 
 from trainables.data.arithmetic import SYSTEM_PROMPT
 
-# The OGER paper, Appendix, Table 5, verbatim (LUFFY's prepare scripts write "</think>\n," with the comma
-# inside the quotes; the paper's text is kept).
+# The OGER paper, Appendix, Table 5, verbatim, "\n" as the two characters the paper prints. LUFFY's data
+# differs in two places: its Python source turns each "\n" into a newline, and puts the comma of
+# '"</think>\n",' inside the quotes. `template: dataset` on LUFFY's own files keeps their prompt byte for byte.
 OPENR1_SYSTEM_PROMPT = (
     "Your task is to follow a systematic, thorough reasoning process before providing the final solution. "
     "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "
