@@ -6,8 +6,9 @@
 
 Metric names (per RL step; sums are reduced over ranks before averaging):
     rollout/reward_mean, rollout/accuracy, rollout/response_length, rollout/stop_fraction,
-    rollout/frac_zero_std, rollout/verify_<reason> (counts), rollout/ead_decay (d_s, EAD only), policy/entropy, policy/clip_fraction,
-    policy/kl, policy/grad_norm, policy/lr, learner/pad_fraction (padding in the update's micro-batches), tis/weight_mean, tis/weight_max, tis/capped_fraction,
+    rollout/frac_zero_std, rollout/verify_<reason> (counts), rollout/ead_decay (d_s, EAD only),
+    policy/entropy, policy/clip_fraction, policy/kl, policy/grad_norm, policy/lr, learner/pad_fraction
+    (padding in the update's micro-batches), tis/weight_mean, tis/weight_max, tis/capped_fraction,
     timing/{generate,score,old_logprob,offline,update,sync,validate,step,report,checkpoint},
     timing/tokens_per_s, timing/startup and timing/startup_{workers,data,learner,restore_and_sync} (at
     the first step), timing/{loop_wall,logging} (cumulative seconds),
