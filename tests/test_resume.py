@@ -30,7 +30,10 @@ from orchestrator.tracking import default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, manifest_file, saved_world_size, write_manifest
 
 EVERY = 2
-TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16"]
+# 16 prompts a step (the spec has 8): steps of ~1.3 s here, so a signal sent once step 3 is logged reaches the
+# trial before step 4's stop check; at 0.65 s a step it sometimes did not, and the trial ran to its end.
+TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16",
+         "learner.prompts_per_step=16"]
 NOT_COMPARED = ("timing/", "faults/")  # wall-clock figures, and the record of the faults themselves
 
 
@@ -204,9 +207,8 @@ def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, r
                *[arg for o in TRIAL for arg in ("--set", o)]]
     driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
-    # The signal as soon as step 3 is logged, not also after the step-2 checkpoint's commit: Ray Train commits
-    # at its next poll (up to ~2 s, three steps of 0.65 s here), and the signal could then come after step 4's
-    # stop check, the trial running to its end (seen once in four runs). The stop waits for the commit anyway.
+    # The signal as soon as step 3 is logged, not also after the step-2 checkpoint's commit (Ray Train's next
+    # poll, up to ~2 s): the trial's own stop commits it before the driver exits, as the fallback below needs.
     when(lambda: logged_step(tmp_path) >= 3, lambda: driver.send_signal(signal.SIGTERM))
     out, _ = driver.communicate(timeout=600)
     assert driver.returncode == STOPPED_EXIT_CODE, out[-3000:]
