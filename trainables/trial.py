@@ -493,7 +493,7 @@ class Trial:
     def load_checkpoint(self, folder: str) -> None:
         state = json.loads((Path(folder) / TRIAL_STATE).read_text())
         self.learner.load(folder)
-        set_rng_state(torch.load(Path(folder) / rank_file(self.rank), weights_only=False)["rng"])
+        set_rng_state(torch.load(Path(folder) / rank_file(self.rank), weights_only=True)["rng"])
         self.start_step = state["step"] + 1
         self.base_val = state["base_val"]
         self.val_history = [(int(done), val) for done, val in state["val_history"]]
