@@ -92,7 +92,7 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict:
     import ray
     import torch
 
-    from orchestrator.train import init_ray, logical_cpus
+    from orchestrator.launch import init_ray, logical_cpus
     from trainables.rollout.hf import HFEngine
     from trainables.rollout.service import start_rollout_service
 

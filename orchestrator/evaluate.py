@@ -173,7 +173,7 @@ def run(args) -> dict:
     import ray
     from transformers import AutoTokenizer
 
-    from orchestrator.train import init_ray
+    from orchestrator.launch import init_ray
     from trainables.rollout.service import start_rollout_service
 
     init_ray(2)

@@ -31,7 +31,7 @@ from rich.table import Table
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SearchConfig, SpecError, apply_overrides, derived_numbers, load_sweep_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
-from orchestrator.train import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
+from orchestrator.launch import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 

@@ -13,7 +13,6 @@ MLflow run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,162 +20,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.launch import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
-from trainables.data.offline import OfflineStore
-from trainables.data.tasks import load_offline_store, train_problems
 
 console = Console()
-
-# Environment of every Ray worker: DeepSpeed on CPU torch, quiet tokenizers, no hub access.
-WORKER_ENV = {
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "DS_ACCELERATOR": "cpu",
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "180",
-    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # Train's print-to-logger patch shows every line twice
-    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
-    # A dead tracking server costs a step seconds, not MLflow's minutes of retries: the step
-    # logger buffers and tries again at the next step.
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-}
-
-
-def logical_cpus(cfg: TrialConfig) -> int:
-    """Logical CPUs for a local cluster: at least what one trial asks, whatever the cores.
-
-    Rollout and learner phases alternate, so oversubscribing the cores is cheap; without it a
-    2-core machine cannot even place one worker group (RESEARCH.md, Ray).
-    """
-    encoder = cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0
-    need = (cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus * cfg.rollout.num_engines
-            + encoder + 1)
-    return max(int(need + 0.999), os.cpu_count() or 1)
-
-
-def worker_resources(cfg: TrialConfig) -> dict[str, float]:
-    """One learner rank's resources; colocated, it leaves room on its GPU for the rollout engine."""
-    resources = {"CPU": cfg.learner.cpus_per_worker}
-    if cfg.learner.use_gpu:
-        resources["GPU"] = 1 - cfg.rollout.num_gpus if cfg.rollout.colocate else 1
-    return resources
-
-
-def init_ray(num_cpus: int) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
-    address = os.environ.get("RAY_ADDRESS")  # a running cluster (infra/) when set
-    if address:
-        ray.init(address=address, runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
-    else:
-        # The dashboard serves the State API; without it Ray Train's placement-group cleaner warns
-        # about it every few seconds.
-        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV}, include_dashboard=True,
-                 dashboard_host="127.0.0.1", log_to_driver=True)
-
-
-def load_offline(cfg: TrialConfig, model_path: Path) -> OfflineStore | None:
-    """The teacher store of luffy / oger* (None for grpo), its per-teacher table printed."""
-    if not cfg.preset.uses_offline:
-        return None
-    from transformers import AutoTokenizer
-
-    train_set = train_problems(cfg)
-    try:
-        store = load_offline_store(cfg, AutoTokenizer.from_pretrained(model_path), train_set)
-    except ValueError as e:  # an empty store: the message says why every row was dropped
-        raise SpecError(f"offline: {e}") from None
-    console.print(f"offline store: {len(store)} teacher trajectories for {len(store.prompts)} prompts")
-    print(store.format_table())
-    return store
-
-
-def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
-    """The trial's encoder actor (oger* only), its offline embeddings computed or read from the cache."""
-    if store is None or not cfg.preset.needs_embeddings:
-        return None
-    import ray
-
-    from trainables.rewards.embed import EmbeddingService
-
-    offline = {key: [t.text for t in store.for_prompt(key)] for key in sorted(store.prompts)}
-    cache = str(Path(cfg.cache_dir).expanduser().resolve() / "embeddings")
-    # Restartable like the verifier: a new process reloads the encoder and the cached offline embeddings.
-    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=-1, max_task_retries=-1,
-                                                 scheduling_strategy="DEFAULT")  # as the rollout service
-    return actor.remote(cfg.encoder.model, long_text=cfg.encoder.long_text, cache_dir=cache,
-                        batch_size=cfg.encoder.batch_size, offline=offline,
-                        num_threads=max(1, int(cfg.encoder.num_cpus)))
-
-
-def start_verifier():
-    """The trial's math-verify actor: stateless, so Ray restarts it and retries its calls if it dies."""
-    import ray
-
-    from trainables.rewards.verify import VerifierService
-
-    return ray.remote(VerifierService).options(num_cpus=0, max_restarts=-1, max_task_retries=-1,
-                                               scheduling_strategy="DEFAULT").remote()
-
-
-def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,
-              run_callbacks: list | None = None, stop_file: str | None = None, started_at: float | None = None):
-    """Start the trial's rollout engines (and encoder), run the Ray Train loop, return the `Result`.
-
-    `started_at` (time.time()) is where the trial's start-up began, for its `timing/startup`.
-    """
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from trainables.learner import process_group_backend
-    from trainables.rollout.service import remove_engine_group, start_rollout_engines
-    from trainables.trial import train_loop_per_worker
-
-    engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)
-    verifier = start_verifier()
-    embedder = start_embedder(cfg, store)
-    try:
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
-                               "rollout_engines": engines, "verifier": verifier, "tracking": tracking,
-                               "offline_store": store, "embedding_service": embedder, "stop_file": stop_file,
-                               "started_at": started_at or time.time()},
-            torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
-            scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
-                                         resources_per_worker=worker_resources(cfg)),
-            run_config=RunConfig(
-                name=cfg.name,
-                storage_path=storage_uri(cfg.storage),
-                checkpoint_config=CheckpointConfig(
-                    num_to_keep=cfg.checkpoint.keep, checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
-                    checkpoint_score_order=cfg.checkpoint.keep_best_mode),
-                # A lost learner rank restarts the worker group from the last checkpoint.
-                failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
-                logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics
-                callbacks=run_callbacks or [],
-            ),
-        )
-        return trainer.fit()
-    finally:
-        for actor in (*engines, verifier, embedder):
-            if actor is not None:
-                ray.kill(actor)
-        remove_engine_group(cfg.name)
-
-
-def storage_uri(storage: str) -> str:
-    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
-
 
 def summary_table(metrics: dict[str, float], title: str) -> Table:
     table = Table(title=title, show_lines=False)

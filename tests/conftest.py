@@ -35,7 +35,7 @@ def smollm2_path() -> Path:
 def ray_cluster():
     import ray
 
-    from orchestrator.train import WORKER_ENV, init_ray
+    from orchestrator.launch import WORKER_ENV, init_ray
 
     os.environ.update(WORKER_ENV)
     init_ray(num_cpus=6)

@@ -124,7 +124,7 @@ def test_validation_benchmarks_name_their_metrics_and_paths_become_absolute(tmp_
 
 def test_local_cluster_counts_every_actor_that_reserves_cpus():
     """A local cluster too small for the trial's actors would leave one waiting for a CPU forever."""
-    from orchestrator.train import logical_cpus
+    from orchestrator.launch import logical_cpus
 
     sizes = ["learner.cpus_per_worker=100", "rollout.num_cpus=10", "encoder.num_cpus=50"]  # past any machine's cores
     oger = load_trial_spec("search_spaces/oger.yaml", sizes)

@@ -107,7 +107,7 @@ def test_score_batch_length_mismatch_says_the_fix():
 
 
 def test_verifier_actor_keeps_math_verify_timeouts(ray_cluster):
-    from orchestrator.train import start_verifier
+    from orchestrator.launch import start_verifier
 
     verifier = start_verifier()
     assert ray_cluster.get(verifier.health.remote())["timeouts"]  # methods on the main thread
