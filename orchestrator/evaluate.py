@@ -88,7 +88,7 @@ def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str
     if not files:
         raise SpecError("--benchmarks: name at least one benchmark, e.g. arithmetic or math500=FILE")
     try:
-        sets, skipped = load_benchmarks(files, cfg.task, cfg.seed, limit)
+        sets, skipped = load_benchmarks(files, cfg.task, cfg.task_seed, limit)
     except BenchmarkError as e:
         raise SpecError(f"--benchmarks: {e}") from None
     for name, counts in skipped.items():

@@ -27,7 +27,7 @@ def math500_copy_of_validation(cfg, path):
     """The built-in validation split in MATH-500's layout, each gold answer written as "42.0": equal to
     the model's "42" only under math-verify."""
     rows = [{"problem": p.question, "answer": f"{p.answer}.0", "unique_id": p.uid}
-            for p in builtin_validation(cfg.task, cfg.seed)]
+            for p in builtin_validation(cfg.task, cfg.task_seed)]
     path.write_text("\n".join(json.dumps(row) for row in rows))
     return path
 

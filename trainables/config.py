@@ -95,6 +95,10 @@ class TaskConfig(Section):
     levels: list[int] = Field([1, 2], description="Difficulty levels of train and validation problems.")
     train_size: PositiveInt = Field(2000, description="Training problems (offline_prompts: the first ones).")
     val_size: PositiveInt = Field(64, description="Held-out validation problems.")
+    seed: int | None = Field(
+        None, description="Seeds the built-in task's problems and their train/validation split (and GPQA's "
+        "option shuffle); null: the trial's seed. A sweep's or study's seeds keep it at the spec's seed, so "
+        "every seed trains and validates on the same problems.")
 
     @model_validator(mode="after")
     def _known_levels(self) -> TaskConfig:
@@ -349,14 +353,15 @@ class ValidationConfig(Section):
 
     def metric_names(self) -> list[str]:
         """Every val/* metric a validation reports: val/accuracy (avg@k macro-averaged over the
-        benchmarks), val/response_length, and val/<benchmark>/<metric> (plus val/macro/* for several)."""
+        benchmarks) with its standard error val/accuracy_se (over problems and samples), val/response_length,
+        and val/<benchmark>/<metric> (plus val/macro/* for several)."""
         from trainables.evaluation import metric_key, summary_keys  # math-verify: only when asked
 
         keys = {name: [*map(metric_key, summary_keys(self.samples_of(name))), "response_length"]
                 for name in self.benchmarks}
         if len(keys) > 1:  # macro: the metrics every benchmark has
             keys["macro"] = [key for key in next(iter(keys.values())) if all(key in ks for ks in keys.values())]
-        return ["val/accuracy", "val/response_length", *(f"val/{g}/{key}" for g, ks in keys.items() for key in ks)]
+        return ["val/accuracy", "val/accuracy_se", "val/response_length", *(f"val/{g}/{key}" for g, ks in keys.items() for key in ks)]
 
 
 class CheckpointConfig(Section):
@@ -477,6 +482,11 @@ class TrialConfig(Section):
     @property
     def preset(self):
         return ALGORITHMS[self.algorithm.name]
+
+    @property
+    def task_seed(self) -> int:
+        """What seeds the task's problems: task.seed, else the trial's seed."""
+        return self.seed if self.task.seed is None else self.task.seed
 
     @property
     def loss_norm_len(self) -> int:

@@ -10,6 +10,7 @@ math-verify equality. All are pure functions of booleans, strings and numbers.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 
@@ -76,6 +77,17 @@ def avg_at_k(correct: Sequence[Sequence[bool]]) -> float:
     """avg@k = (1/P) sum_p (1/k_p) sum_j correct[p][j]: mean accuracy of each problem's k samples."""
     _check_problems(correct)
     return sum(sum(samples) / len(samples) for samples in correct) / len(correct)
+
+
+def avg_at_k_se(correct: Sequence[Sequence[bool]]) -> float:
+    """Standard error of avg@k over problems: sd_p((1/k_p) sum_j correct[p][j]) / sqrt(P), the sd with P - 1.
+    Clustered by problem, it holds both the draw of the problems and the sampling noise within each."""
+    _check_problems(correct)
+    means = [sum(samples) / len(samples) for samples in correct]
+    if len(means) < 2:
+        return float("nan")
+    mean = sum(means) / len(means)
+    return math.sqrt(sum((m - mean) ** 2 for m in means) / (len(means) - 1) / len(means))
 
 
 def mean_pass_at_k(correct_per_problem: Sequence[Sequence[bool]], k: int) -> float:

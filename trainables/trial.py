@@ -25,6 +25,7 @@ Metric names (per RL step; sums are reduced over ranks before averaging):
 from __future__ import annotations
 
 import json
+import math
 import random
 import tempfile
 import time
@@ -48,7 +49,7 @@ from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.data.offline import OfflineStore
-from trainables.evaluation import macro_row, metric_key
+from trainables.evaluation import avg_at_k_se, macro_row, metric_key
 from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
@@ -142,7 +143,7 @@ class Trial:
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
         self.train_set = train_problems(cfg)
-        self.val_sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.seed,
+        self.val_sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed,
                                                  cfg.validation.num_prompts)
         for name, counts in skipped.items():
             if counts and self.rank == 0:
@@ -428,19 +429,22 @@ class Trial:
         metrics, rows_by_name = {}, {}
         for row in sorted(rows, key=lambda r: r[1]):  # problem order does not depend on the ranks
             rows_by_name.setdefault(row[0], []).append(row)
-        summaries, accuracy = {}, {}
+        summaries, accuracy, se = {}, {}, {}
         for name, group in rows_by_name.items():
             _, _, golds, correct, answers, tokens = zip(*group)
             k = self.cfg.validation.samples_of(name)
             summaries[name] = {**ray.get(self.verifier.summarize.remote(correct, answers, golds)),
                                "response_length": sum(tokens) / (k * len(group))}
             accuracy[name] = summaries[name][f"avg@{k}"]
+            se[name] = avg_at_k_se([c[:k] for c in correct])
         if len(summaries) > 1:
             summaries["macro"] = macro_row(summaries)
         for name, summary in summaries.items():
             metrics.update({f"val/{name}/{metric_key(key)}": value for key, value in summary.items()})
         every = [s for name, s in summaries.items() if name != "macro"]
         metrics["val/accuracy"] = sum(accuracy.values()) / len(accuracy)
+        # Its standard error, the benchmarks independent: the measurement noise in the objective.
+        metrics["val/accuracy_se"] = math.sqrt(sum(e * e for e in se.values())) / len(se)
         metrics["val/response_length"] = sum(s["response_length"] for s in every) / len(every)
         return metrics
 

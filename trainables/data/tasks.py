@@ -19,7 +19,7 @@ def train_problems(cfg: TrialConfig) -> list[Problem]:
     """The trial's training prompts: the built-in task's train split, or the distinct questions of the
     offline files with their ground truths (the first task.train_size, in file order)."""
     if cfg.task.name == "arithmetic":
-        return load_task(cfg.task, cfg.seed)[0]
+        return load_task(cfg.task, cfg.task_seed)[0]
     first: dict[str, dict] = {}
     for source in cfg.offline.files:
         for row in read_rows(source.path, source.columns)[0]:
@@ -42,7 +42,7 @@ def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem]) -> Off
     """The trial's teacher trajectories: the built-in teachers on the train split, then any files,
     filtered by the policy-token cap and the verifier (`trainables.data.offline`)."""
     off = cfg.offline
-    rows = builtin_rows(train, teachers=off.teachers, seed=cfg.seed, wrong_rate=off.wrong_rate,
+    rows = builtin_rows(train, teachers=off.teachers, seed=cfg.task_seed, wrong_rate=off.wrong_rate,
                         overlong_rate=off.overlong_rate) if off.teachers else []
     skipped: Counter = Counter()
     for source in off.files:

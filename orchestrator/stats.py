@@ -1,0 +1,122 @@
+"""How sure an answer is: intervals over seeds, paired differences, verdicts and the seeds a verdict
+would need. Pure functions of plain numbers; every sweep, study and report reads its uncertainty here.
+
+A configuration trained with R seeds has R values of its objective. Its 95% interval is Student's t
+over them; with one seed there is no seed spread to measure, and the interval falls back on the
+validation's own standard error (a binomial-style measurement error that ignores seed noise: said
+wherever it is shown). Two configurations trained on the same seeds are compared by their paired
+differences, seed by seed (the same data order and validation problems on both sides).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+LEVEL = 0.95
+POWER = 0.8
+MAX_SEEDS = 10_000  # "more than this" is reported as this: the difference is too small to chase
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its 95% interval; `source` says what the interval measures."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    source: str  # "seeds" (Student t over seeds) or "validation" (measurement error only, one seed)
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def format(self, digits: int = 3) -> str:
+        if math.isnan(self.low):
+            return f"{self.mean:.{digits}f}"
+        note = "" if self.source == "seeds" else " (validation error only)"
+        return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]{note}"
+
+
+def t_quantile(n: int, level: float = LEVEL) -> float:
+    """Student t's two-sided `level` quantile with n - 1 degrees of freedom."""
+    return float(stats.t.ppf(0.5 + level / 2, n - 1))
+
+
+def seed_interval(values: Sequence[float], se: float | None = None, level: float = LEVEL) -> Interval:
+    """mean ± t_{n-1} · sd / √n over seeds; one seed: mean ± z · se (the validation's standard error,
+    seed noise ignored), or no interval (NaN bounds) without it."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("seed_interval: no values")
+    n, mean = len(values), sum(values) / len(values)
+    if n == 1:
+        half = float(stats.norm.ppf(0.5 + level / 2)) * se if se is not None else math.nan
+        return Interval(mean, mean - half, mean + half, 1, "validation")
+    sd = stdev(values)
+    half = t_quantile(n, level) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, "seeds")
+
+
+def stdev(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1 in the denominator)."""
+    n, mean = len(values), sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], se: float | None = None,
+                      level: float = LEVEL) -> Interval:
+    """d_r = a_r - b_r over the seeds both ran, and its interval (seed_interval of the d_r). With one
+    seed, `se` is the standard error of one difference (e.g. √(se_a² + se_b²))."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_difference: {len(a)} and {len(b)} values; pair them seed by seed")
+    return seed_interval([x - y for x, y in zip(a, b)], se, level)
+
+
+def verdict(diff: Interval, mode: str = "max") -> str:
+    """better / worse (the interval excludes 0, in the objective's direction), else indistinguishable."""
+    if math.isnan(diff.low) or diff.low <= 0 <= diff.high:
+        return "indistinguishable"
+    above = diff.low > 0
+    return "better" if above == (mode == "max") else "worse"
+
+
+def seeds_needed(diffs: Sequence[float], level: float = LEVEL, power: float = POWER) -> int | None:
+    """Seeds for a paired t-test at `level` to find the measured mean difference with `power`:
+    the least n with n ≥ ((t_{1-α/2,n-1} + t_{power,n-1}) · sd / |mean|)². None when it cannot be
+    estimated (fewer than two differences); MAX_SEEDS when the mean difference is zero or tiny."""
+    if len(diffs) < 2:
+        return None
+    mean, sd = sum(diffs) / len(diffs), stdev(diffs)
+    if sd == 0:
+        return len(diffs) if mean != 0 else MAX_SEEDS
+    if mean == 0:
+        return MAX_SEEDS
+    effect = abs(mean) / sd
+    for n in range(2, MAX_SEEDS):
+        if math.sqrt(n) * effect >= t_quantile(n, level) + float(stats.t.ppf(power, n - 1)):
+            return n
+    return MAX_SEEDS
+
+
+def clustered_se(per_problem: Sequence[float]) -> float:
+    """Standard error of an accuracy averaged over problems, each problem's mean over its samples:
+    sd(per-problem means) / √N. It holds both the problem draw and the sampling noise within a problem."""
+    n = len(per_problem)
+    return stdev(per_problem) / math.sqrt(n) if n > 1 else math.nan
+
+
+def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the baseline") -> str:
+    """One line: the paired difference, its verdict, and the seeds a verdict would need."""
+    line = f"best - baseline = {diff.format()}: "
+    if outcome != "indistinguishable":
+        return line + f"{outcome} than {what}"
+    line += f"indistinguishable from {what} at {diff.n} seed{'s' * (diff.n != 1)}"
+    if seeds is not None:
+        line += (f"; the measured spread would need about {seeds} seeds to tell them apart" if seeds < MAX_SEEDS
+                 else "; the measured difference is too small to tell apart with any affordable number of seeds")
+    return line
