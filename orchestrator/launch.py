@@ -17,6 +17,7 @@ from trainables.data.offline import OfflineStore
 from trainables.data.tasks import load_offline_store, train_problems
 
 console = Console()
+BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 
 # Environment of every Ray worker: DeepSpeed on CPU torch, quiet tokenizers, no hub access.
 WORKER_ENV = {

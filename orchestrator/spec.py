@@ -249,9 +249,22 @@ class SearchConfig(Section):
     final: dict[str, Any] = Field(
         default_factory=dict, description="Dotted trial field -> value for the final model, applied over the "
         "best trial's settings in best_trial.yaml (`train --best-of`): longer, more learner workers, GPUs.")
+    seeds: PositiveInt = Field(
+        1, description="Seeds per configuration (the spec's seed + 0, 1, ...), trained side by side in one Tune "
+        "trial: Optuna and ASHA see their mean; every number comes with a 95% interval over them.")
+    baseline: dict[str, Any] | None = Field(
+        None, description="The configuration the best one is compared with (paired over the same seeds); "
+        "default: the first of points_to_evaluate. Evaluated first.")
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
+        if self.baseline is None and self.points_to_evaluate:
+            self.baseline = dict(self.points_to_evaluate[0])
+        if self.baseline is not None:
+            if unknown := sorted(set(self.baseline) - set(self.space)):
+                raise ValueError(f"baseline: {unknown} not in space; name searched fields only")
+            if self.baseline not in self.points_to_evaluate:
+                self.points_to_evaluate.insert(0, dict(self.baseline))
         if not self.space:
             raise ValueError("space is empty: name at least one trial field, e.g. rollout.decoding.ead.tau_max")
         if self.max_concurrent_trials < 1:
@@ -316,8 +329,9 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
         f"{per_trial:g} GPU(s)",
         recipe_line(trial),
         memory_report(trial),
-        *([f"sweep: {search.num_samples} trials, {search.max_concurrent_trials} at once: "
-           f"{per_trial * search.max_concurrent_trials:g} GPUs busy"] if search else []),
+        *([f"sweep: {search.num_samples} configurations x {search.seeds} seed(s), {search.max_concurrent_trials} "
+           f"configuration(s) at once: {per_trial * search.max_concurrent_trials * search.seeds:g} GPUs busy"]
+          if search else []),
     ])
 
 

@@ -110,9 +110,10 @@ def clustered_se(per_problem: Sequence[float]) -> float:
     return stdev(per_problem) / math.sqrt(n) if n > 1 else math.nan
 
 
-def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the baseline") -> str:
+def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the baseline",
+             label: str = "best - baseline") -> str:
     """One line: the paired difference, its verdict, and the seeds a verdict would need."""
-    line = f"best - baseline = {diff.format()}: "
+    line = f"{label} = {diff.format()}: "
     if outcome != "indistinguishable":
         return line + f"{outcome} than {what}"
     line += f"indistinguishable from {what} at {diff.n} seed{'s' * (diff.n != 1)}"

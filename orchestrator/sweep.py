@@ -1,10 +1,14 @@
 """python -m orchestrator.sweep SPEC.yaml [--name N] [--storage PATH_OR_URI] [--num-samples K]
 [--max-concurrent C] [--set key.path=value ...] [--tracking-uri URI] [--dry-run] [--resume]
 
-A Ray Tune experiment over the spec's `search:` space: Optuna's TPE proposes trial settings (its
-study in sqlite beside the sweep, so its history outlives the driver), ASHA stops weak trials early,
-each trial is one Ray Train run of the RL loop with its own rollout service, and MLflow records one
-parent run for the sweep and one nested run per trial.
+A Ray Tune experiment over the spec's `search:` space: Optuna's TPE proposes configurations (its
+study in sqlite beside the sweep, so its history outlives the driver), each configuration trains with
+`search.seeds` seeds side by side (one Ray Train run of the RL loop each, with its own rollout
+service), Optuna and ASHA see the mean over those seeds, and MLflow records one parent run for the
+sweep and one nested run per seed (param `seed`, tag `config`). At the end: every configuration's
+mean with its 95% interval, the validation's own standard error beside the seed spread, and the best
+configuration's paired difference from the baseline (`search.baseline`) with a verdict: better,
+worse, or indistinguishable at these seeds (and how many seeds the measured spread would need).
 
 `--resume` (same spec, name and storage) continues a sweep whose driver died or was stopped:
 finished and errored trials stay as they are, every unfinished one continues from its latest
@@ -16,33 +20,23 @@ exits with 75, ready for `--resume`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from ray.tune import Callback
+from ray import tune
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
+from orchestrator import experiment
+from orchestrator.experiment import ConfigSummary, Experiment, ExperimentFailed
+from orchestrator.launch import BEST_SPEC
 from orchestrator.spec import SearchConfig, SpecError, apply_overrides, derived_numbers, load_sweep_spec
-from orchestrator.tracking import Tracker, default_tracking_uri
-from orchestrator.launch import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from trainables.config import TrialConfig
-from trainables.data.bootstrap import resolve_model_path
 
 console = Console()
-BEST_SPEC = "best_trial.yaml"
-STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
-RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
-
-
-class SweepFailed(RuntimeError):
-    """Every trial failed: said in one line, with where the trials' errors are."""
 
 
 def optuna_space(search: SearchConfig) -> tuple[dict, dict[str, Any]]:
@@ -96,84 +90,21 @@ def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], tri
     return TrialConfig.model_validate(data)
 
 
-def make_trainable(base: dict, fixed: dict[str, Any], storage: str, tracking: dict, stop: StopRequest):
-    """The Tune trial: one Ray Train run of the RL loop, tracked as a nested MLflow run.
-
-    A restarted trial (--resume) finds its Train run's checkpoint and its MLflow run by its id.
-    """
-
-    def trainable(sampled: dict[str, Any]) -> None:
-        from ray import tune
-        from ray.tune.integration.ray_train import TuneReportCallback
-
-        trial_id = tune.get_context().get_trial_id()
-        cfg = trial_config(base, sampled, fixed, trial_id, storage)
-        model_path = resolve_model_path(cfg.model, cfg.cache_dir)
-        tracker = Tracker(tracking["uri"], cfg.logging.experiment)
-        run_id = tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
-                                         tags={"kind": "trial", "sweep": tracking["sweep"], "trial_id": trial_id})
-        store = load_offline(cfg, model_path)
-        if store is not None:
-            tracker.log_offline_store(run_id, store)
-        result = fit_trial(cfg, model_path, tracking={"uri": tracking["uri"], "run_id": run_id}, store=store,
-                           run_callbacks=[TuneReportCallback()], stop_file=stop.uri)
-        if result.error:
-            raise result.error
-        if (result.metrics or {}).get("progress/preempted"):
-            # Checkpointed for a resume: tell the driver, and stay "running" so that Tune neither
-            # closes the trial nor starts another in its place before the driver exits.
-            tracker.finish(run_id, "stopped")
-            stop.acknowledge(trial_id)
-            while True:
-                time.sleep(60)
-
-    return trainable
-
-
-class TrialStates(Callback):
-    """Tune callback: closes each trial's MLflow run with its state (finished, pruned, errored),
-    and keeps `RUNNING` for the SIGTERM path.
-
-    A module-level class, so that the copy Tune pickles with the sweep (and a --resume restores)
-    still updates this module's `RUNNING`.
-    """
-
-    def __init__(self, tracker: Tracker, sweep: str, steps: int):
-        self.tracker, self.sweep, self.steps = tracker, sweep, steps
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        RUNNING.add(trial.trial_id)
-
-    def _close(self, trial, state: str) -> None:
-        from trainables.rollout.service import remove_engine_group
-
-        RUNNING.discard(trial.trial_id)
-        remove_engine_group(trial.trial_id)  # a pruned trial's actor is killed before its `finally` runs
-        self.tracker.finish_sweep_trial(self.sweep, trial.trial_id, state)
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        done = (trial.last_result or {}).get("progress/step", 0) >= trial.config.get("learner.steps", self.steps)
-        self._close(trial, "finished" if done else "pruned")
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._close(trial, "errored")
-
-
-def ranked_table(results, search: SearchConfig, keys: list[str], steps: int) -> Table:
-    table = Table(title=f"trials ranked by {search.metric} ({search.mode})")
-    for column in ("trial", "state", "steps", search.metric, *keys):
+def ranked_table(summaries: list[ConfigSummary], search: SearchConfig, keys: list[str]) -> Table:
+    table = Table(title=f"configurations ranked by {search.metric} ({search.mode}), mean over {search.seeds} seed(s)")
+    for column in ("config", "state", "steps", "mean [95% CI]", "per seed", "val SE", *(k.split(".")[-1] for k in keys)):
         table.add_column(column, justify="right")
-    reverse = search.mode == "max"
-    rows = sorted((r for r in results if r.metrics), reverse=reverse,
-                  key=lambda r: r.metrics.get(search.metric, float("-inf") if reverse else float("inf")))
-    for r in rows:
-        m = r.metrics
-        done = m.get("progress/step", 0) >= r.config.get("learner.steps", steps)
-        state = "errored" if r.error else ("finished" if done else "stopped early")
-        table.add_row(m.get("trial_id", "?"), state, f"{m.get('progress/step', 0):.0f}",
-                      f"{m.get(search.metric, float('nan')):.4g}",
-                      *[f"{r.config.get(k)!s:.8}" for k in keys])
+    for s in ranked(summaries, search):
+        table.add_row(s.config_id, s.state, str(s.steps), s.interval.format() if s.interval else "-",
+                      " ".join(f"{v:.3f}" for v in s.values) or "-", f"{s.se:.3f}" if s.se is not None else "-",
+                      *[f"{s.params.get(k)!s:.8}" for k in keys])
     return table
+
+
+def ranked(summaries: list[ConfigSummary], search: SearchConfig) -> list[ConfigSummary]:
+    """Configurations with an objective, best first; the others after them."""
+    sign = 1 if search.mode == "max" else -1
+    return sorted(summaries, key=lambda s: -sign * s.interval.mean if s.interval else float("inf"))
 
 
 def gpu_bound_concurrency(trial: TrialConfig, wanted: int) -> int:
@@ -210,7 +141,6 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
 
 
 def run(spec: str, args) -> int:
-    start = time.perf_counter()
     overrides = list(args.overrides)
     base_cfg, search, base = load_sweep_spec(spec, overrides, check_files=not args.dry_run)
     if args.num_samples:
@@ -223,110 +153,90 @@ def run(spec: str, args) -> int:
     if args.dry_run:
         dry_run(search, base, fixed)
         return 0
-    name = args.name or base_cfg.name
-    storage = args.storage or base_cfg.storage
-    sweep_uri = f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage_uri(storage)) / name)
-    # The Optuna study and the best trial's spec stay on a local disk when the sweep lives in a bucket.
-    sweep_dir = Path(sweep_uri) if "://" not in storage else Path(".cache") / "sweeps" / name
-    check_resumable(sweep_uri, name, args.resume)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
-    uri = args.tracking_uri or base_cfg.logging.tracking_uri
-    if uri is None and "://" in storage:
-        raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
-                        f"http://HOST:5000 (the default sqlite store is a local file)")
-    uri = uri or default_tracking_uri(storage)
-    base = apply_overrides(base, {"logging.tracking_uri": uri})  # every trial records where the sweep does
-    tracker = Tracker(uri, base_cfg.logging.experiment)
-    parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=search.model_dump(mode="json"),
-                                     resume=args.resume)
-    console.print(f"sweep {name}{' (resumed)' if args.resume else ''}: {search.num_samples} trials, "
-                  f"MLflow run {parent} in {uri}")
-    init_ray(logical_cpus(base_cfg) * search.max_concurrent_trials)
-    search.max_concurrent_trials = gpu_bound_concurrency(base_cfg, search.max_concurrent_trials)
-    stop = StopRequest(sweep_uri)
-    stop.clear()
-    stop.on_sigterm(lambda: stop_when_checkpointed(stop, tracker, parent))
+    exp = experiment.start("sweep", args.name or base_cfg.name, args.storage or base_cfg.storage, base_cfg,
+                           tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
+                           resume=args.resume,
+                           cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
+    base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
+    console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
+                  f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}")
+    search.max_concurrent_trials = gpu_bound_concurrency(base_cfg, search.max_concurrent_trials * search.seeds) // search.seeds or 1
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
-    trainable = make_trainable(base, fixed, f"{sweep_uri}/trials", {"uri": uri, "parent_run_id": parent, "sweep": name},
-                               stop)
-    results = fit_sweep(search, trainable, sweep_uri, sweep_dir, name, tracker, steps, args.resume)
-    best = report(results, search, sweep_dir, base, fixed, steps)
-    tracker.finish_sweep(parent, best, {"wall_s": time.perf_counter() - start})
-    console.print(f"sweep done in {time.perf_counter() - start:.0f} s")
-    console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
+    trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
+    tune_config = tune.TuneConfig(search_alg=make_searcher(search, exp.folder, exp.name),
+                                  scheduler=make_scheduler(search, steps), num_samples=search.num_samples,
+                                  max_concurrent_trials=search.max_concurrent_trials)
+    results = experiment.fit(exp, trainable, tune_config, steps, seed_list(base_cfg, search.seeds), args.resume)
+    report(results, search, exp, base, fixed, steps)
+    console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
+    console.print(f"MLflow: mlflow ui --backend-store-uri {exp.tracking_uri} --host 127.0.0.1")
     return 0
 
 
-def check_resumable(sweep_uri: str, name: str, resume: bool) -> None:
-    from ray import tune
-
-    exists = tune.Tuner.can_restore(f"{sweep_uri}/tune")
-    if resume and not exists:
-        raise SpecError(f"--resume: no sweep named {name!r} to resume in {sweep_uri}")
-    if exists and not resume:
-        raise SpecError(f"--name: a sweep named {name!r} already exists in {sweep_uri}; pass --resume to "
-                        f"continue it, or --name NEW for a new sweep")
+def seed_list(base_cfg: TrialConfig, seeds: int) -> list[int]:
+    return [base_cfg.seed + r for r in range(seeds)]
 
 
-def stop_when_checkpointed(stop: StopRequest, tracker: Tracker, parent: str | None) -> None:
-    """SIGTERM: once every running trial has checkpointed (or after STOP_GRACE_S), exit for a resume."""
-    console.print(f"SIGTERM: {len(RUNNING)} running trials checkpoint at their next step boundary, then the "
-                  f"sweep stops")
-
-    def wait_and_exit() -> None:
-        deadline = time.time() + STOP_GRACE_S
-        while not RUNNING <= stop.acknowledged() and time.time() < deadline:
-            time.sleep(1)
-        missing = RUNNING - stop.acknowledged()
-        tracker.finish(parent, "stopped")
-        console.print(f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
-                      f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
-                      f"with --resume to continue", highlight=False, soft_wrap=True)
-        sys.stdout.flush()
-        os._exit(STOPPED_EXIT_CODE)  # the trials hold their slots until the driver (and its job) goes
-
-    threading.Thread(target=wait_and_exit, daemon=True).start()
+def is_baseline(summary: ConfigSummary, baseline: dict[str, Any] | None) -> bool:
+    return baseline is not None and all(summary.params.get(k) == v for k, v in baseline.items())
 
 
-def fit_sweep(search, trainable, sweep_uri: str, sweep_dir: Path, name: str, tracker, steps: int, resume: bool):
-    from ray import tune
-
-    # Tune saves its state (trials, searcher, scheduler) at most this often: what a killed driver loses.
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
-    trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
-    if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
-        return tune.Tuner.restore(f"{sweep_uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
-    tuner = tune.Tuner(
-        trainable,
-        tune_config=tune.TuneConfig(search_alg=make_searcher(search, sweep_dir, name),
-                                    scheduler=make_scheduler(search, steps), num_samples=search.num_samples,
-                                    max_concurrent_trials=search.max_concurrent_trials),
-        run_config=tune.RunConfig(name="tune", storage_path=sweep_uri, callbacks=[TrialStates(tracker, name, steps)]),
-    )
-    return tuner.fit()
-
-
-def report(results, search: SearchConfig, sweep_dir: Path, base: dict, fixed: dict, steps: int) -> dict:
-    """Print the ranked trials, write the best trial's spec; return the best trial's summary."""
+def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: dict, steps: int) -> dict:
+    """Print the ranked configurations and the verdict against the baseline; write the best one's spec;
+    close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
-    console.print(ranked_table(results, search, keys, steps))
-    metric, mode = objectives(search)
-    if not any(r.metrics and search.metric in r.metrics for r in results):
-        raise SweepFailed(f"no trial reported {search.metric}; their errors are in {sweep_dir / 'tune'}")
-    best = results.get_best_result(metric=search.metric, mode=search.mode, filter_nan_and_inf=True)
+    summaries = experiment.summarize(results, search.metric, steps, keys)
+    console.print(ranked_table(summaries, search, keys))
+    console.print(experiment.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
+    scored = [s for s in summaries if s.interval is not None]
+    if not scored:
+        raise ExperimentFailed(f"no configuration reported {search.metric}; their errors are in {exp.uri}/tune")
+    experiment.log_config_metrics(exp, summaries, search.metric)
+    # The best is chosen among configurations that ran to the end: ASHA's stopped ones were judged earlier.
+    finished = ranked([s for s in scored if s.state == "finished"] or scored, search)
+    best = finished[0]
+    lines, metrics, tags = verdict_against_baseline(summaries, finished, search)
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
     # The final model's spec: the winner's settings, then the spec's `search.final` (longer, bigger).
-    cfg = trial_config(base, {**{k: best.config[k] for k in keys}, **search.final}, fixed, f"{sweep_dir.name}-best",
+    cfg = trial_config(base, {**best.params, **search.final}, fixed, f"{exp.folder.name}-best",
                        base.get("storage", "runs"))
-    path = sweep_dir / BEST_SPEC
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    console.print(f"best trial {best.metrics.get('trial_id')}: {search.metric} = {best.metrics.get(search.metric):.4g} "
-                  f"with {({k: best.config[k] for k in keys})}")
-    console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {sweep_dir})")
-    return {"trial_id": best.metrics.get("trial_id"), "metric": best.metrics.get(search.metric),
-            "params": {k: best.config[k] for k in keys}, "spec": str(path)}
+    path = exp.folder / BEST_SPEC
+    path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
+    summary = {"trial_id": best.config_id, "metric": best.interval.mean, "params": best.params, "spec": str(path)}
+    table = experiment.markdown_table(summaries, search.metric, keys) + "\n" + "\n".join(lines) + "\n"
+    exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},
+                             metrics={"best/ci_low": best.interval.low, "best/ci_high": best.interval.high, **metrics},
+                             tags=tags, tables={"configurations.md": table})
+    return summary
+
+
+def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[ConfigSummary],
+                             search: SearchConfig) -> tuple[list[str], dict[str, float], dict[str, str]]:
+    """(lines to print, the parent run's metrics, its tags). The verdict is about the best configuration
+    other than the baseline: the baseline, when best, differs from itself by zero; the question is
+    whether the search found anything better than where it started."""
+    best = finished[0]
+    baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
+    challenger = next((s for s in finished if s is not baseline), None)
+    lines = [f"best configuration {best.config_id}{' (the baseline)' if best is baseline else ''}: {search.metric} = "
+             f"{best.interval.format()} over {len(best.values)} seed(s), with {best.params}"]
+    result = experiment.compare(challenger, baseline, search.mode) if baseline and challenger else None
+    if result is None:
+        lines.append("no verdict: no baseline (search.baseline, or points_to_evaluate) or no other configuration "
+                     "that ran to the end")
+        return lines, {}, {}
+    label = "best - baseline" if challenger is best else f"runner-up {challenger.config_id} - baseline"
+    lines.append(result.line(f"the baseline {baseline.config_id}", label))
+    metrics = {"best_minus_baseline/mean": result.diff.mean, "best_minus_baseline/ci_low": result.diff.low,
+               "best_minus_baseline/ci_high": result.diff.high}
+    if result.seeds_needed is not None:
+        metrics["best_minus_baseline/seeds_needed"] = result.seeds_needed
+    return lines, metrics, {"verdict": result.verdict, "verdict_config": challenger.config_id,
+                            "baseline": baseline.config_id}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args.spec, args)
-    except (SpecError, FileNotFoundError, SweepFailed) as e:
+    except (SpecError, FileNotFoundError, ExperimentFailed) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
 

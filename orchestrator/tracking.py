@@ -148,11 +148,13 @@ class Tracker:
         return self.client.create_model_version(name, source, run_id=run_id).version
 
     def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any],
-                        resume: bool = False) -> str | None:
-        """The sweep's parent run: its spec, search space and commit; trials nest under it."""
-        return self._retried("creating the sweep run", self._start_sweep_run, name, spec_text, search, resume)
+                        resume: bool = False, kind: str = "sweep") -> str | None:
+        """The parent run of a sweep (or a study: `kind`): its spec, search space and commit; trials nest
+        under it."""
+        return self._retried("creating the sweep run", self._start_sweep_run, name, spec_text, search, resume,
+                             kind)
 
-    def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any], resume: bool) -> str:
+    def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any], resume: bool, kind: str) -> str:
         if resume:
             found = self.client.search_runs([self.experiment_id], f"tags.kind = 'sweep' and tags.sweep = '{name}'",
                                             order_by=["attributes.start_time DESC"], max_results=1)
@@ -160,22 +162,40 @@ class Tracker:
                 return self._reopen(found[0].info.run_id)
         run = self.client.create_run(self.experiment_id, run_name=name,
                                      tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
-                                           "state": "running"})
-        self.log_params(run.info.run_id, flatten(search, "search."))
+                                           "state": "running", "experiment_kind": kind})
+        self.log_params(run.info.run_id, flatten(search, f"{kind if kind != 'sweep' else 'search'}."))
         self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
         return run.info.run_id
 
-    def finish_sweep(self, run_id: str | None, best: dict[str, Any], budget: dict[str, float]) -> None:
+    def finish_sweep(self, run_id: str | None, best: dict[str, Any], budget: dict[str, float], *,
+                     metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+                     tables: dict[str, str] | None = None) -> None:
+        """Close the parent run with the best configuration, the verdict's metrics and tags, and tables."""
         if run_id is not None:
-            self._retried("closing the sweep run", self._finish_sweep, run_id, best, budget)
+            self._retried("closing the sweep run", self._finish_sweep, run_id, best, budget, metrics or {},
+                          tags or {}, tables or {})
 
-    def _finish_sweep(self, run_id: str, best: dict[str, Any], budget: dict[str, float]) -> None:
-        objective = {} if best["metric"] is None else {"best/objective": best["metric"]}
-        self.log_metrics(run_id, {**objective, **{f"sweep/{k}": v for k, v in budget.items()}})
-        self.client.set_tag(run_id, "best_trial", str(best["trial_id"]))
-        self.log_params(run_id, {f"best.{k}": v for k, v in best["params"].items()})
-        self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
+    def _finish_sweep(self, run_id: str, best: dict[str, Any], budget: dict[str, float], metrics: dict[str, float],
+                      tags: dict[str, str], tables: dict[str, str]) -> None:
+        objective = {} if best.get("metric") is None else {"best/objective": best["metric"]}
+        finite = {k: v for k, v in metrics.items() if v == v}  # a NaN bound (one seed) is left out
+        self.log_metrics(run_id, {**objective, **finite, **{f"sweep/{k}": v for k, v in budget.items()}})
+        for key, value in {**({"best_trial": str(best["trial_id"])} if "trial_id" in best else {}), **tags}.items():
+            self.client.set_tag(run_id, key, value)
+        self.log_params(run_id, {f"best.{k}": v for k, v in best.get("params", {}).items()})
+        if best:
+            self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
+        for name, text in tables.items():
+            self.client.log_text(run_id, text, name)
         self._finish(run_id, "finished")
+
+    def log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
+        """The same metrics on every seed run of one configuration of a sweep or study."""
+        self._retried("logging the configuration's interval", self._log_config_metrics, sweep, config, metrics)
+
+    def _log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
+        for run in self.client.search_runs([self.experiment_id], f"tags.sweep = '{sweep}' and tags.config = '{config}'"):
+            self.log_metrics(run.info.run_id, metrics)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         batch = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]

@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.launch import fit_trial, init_ray, load_offline, logical_cpus, storage_uri
+from orchestrator.launch import BEST_SPEC, fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
@@ -109,8 +109,6 @@ def export_final(cfg: TrialConfig, checkpoint, tracker: Tracker, run_id: str | N
 
 def best_of(sweep_dir: str, overrides: list[str], check_files: bool = True) -> TrialConfig:
     """The best trial of a sweep, ready for a longer final run (registered as '<sweep>-best')."""
-    from orchestrator.sweep import BEST_SPEC
-
     spec = Path(sweep_dir) / BEST_SPEC
     if not spec.is_file():
         raise SpecError(f"--best-of: no {BEST_SPEC} in {sweep_dir}; a sweep writes it when it finishes")

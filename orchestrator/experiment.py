@@ -1,0 +1,288 @@
+"""What a sweep and a study share: a Ray Tune experiment whose trials are configurations, each trained
+with R seeds (`orchestrator.seeds`), recorded in MLflow under one parent run, stoppable by SIGTERM and
+resumable with `--resume`; and each configuration's summary (mean and 95% interval over its seeds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray.tune import Callback
+from rich.console import Console
+
+from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
+from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
+from orchestrator.seeds import SE_KEY, SeedGroup, seed_configs, seed_name
+from orchestrator.spec import SpecError
+from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, verdict
+from orchestrator.tracking import Tracker, default_tracking_uri
+from trainables.config import TrialConfig
+from trainables.data.bootstrap import resolve_model_path
+
+console = Console()
+STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
+RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
+
+
+class ExperimentFailed(RuntimeError):
+    """Every trial failed: said in one line, with where the trials' errors are."""
+
+
+@dataclass
+class Experiment:
+    """Where an experiment (sweep or study) lives and records: its folder, MLflow run and stop file."""
+
+    name: str
+    uri: str  # <storage>/<name>, a folder or a bucket URI
+    folder: Path  # local: Optuna's study, best_trial.yaml, study.json (the same as `uri` when local)
+    tracking_uri: str
+    tracker: Tracker
+    parent: str | None
+    stop: StopRequest
+    started: float = field(default_factory=time.perf_counter)
+
+
+def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking_uri: str | None, spec: str,
+          params: dict, resume: bool, cpus_per_trial: int) -> Experiment:
+    """Check the name is free (or resumable), open the parent MLflow run, start Ray, arm SIGTERM."""
+    uri = f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage_uri(storage)) / name)
+    # The Optuna study and the summaries stay on a local disk when the experiment lives in a bucket.
+    folder = Path(uri) if "://" not in storage else Path(".cache") / f"{kind}s" / name
+    check_resumable(uri, name, resume)
+    folder.mkdir(parents=True, exist_ok=True)
+    resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
+    tracking_uri = tracking_uri or base_cfg.logging.tracking_uri
+    if tracking_uri is None and "://" in storage:
+        raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
+                        f"http://HOST:5000 (the default sqlite store is a local file)")
+    tracking_uri = tracking_uri or default_tracking_uri(storage)
+    tracker = Tracker(tracking_uri, base_cfg.logging.experiment)
+    parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
+    init_ray(cpus_per_trial)
+    stop = StopRequest(uri)
+    stop.clear()
+    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop)
+    stop.on_sigterm(lambda: stop_when_checkpointed(exp))
+    return exp
+
+
+def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
+    return logical_cpus(base_cfg) * concurrent * seeds
+
+
+def make_trainable(base: dict, exp: Experiment, metric: str, seeds: int, arms: dict[str, dict] | None = None):
+    """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds,
+    each its own Ray Train run and nested MLflow run (param `seed`, tag `config`)."""
+    tracking = {"uri": exp.tracking_uri, "parent_run_id": exp.parent, "sweep": exp.name}
+    storage, stop = f"{exp.uri}/trials", exp.stop
+
+    def trainable(sampled: dict[str, Any]) -> None:
+        from ray import tune
+
+        config_id = tune.get_context().get_trial_id()
+        overrides = dict(arms[sampled["arm"]]) if arms is not None else dict(sampled)
+        cfgs = seed_configs(base, overrides, config_id, storage, seeds)
+        model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
+        tracker = Tracker(tracking["uri"], cfgs[0].logging.experiment)
+        tags = {"kind": "trial", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id,
+                **({"arm": sampled["arm"]} if arms is not None else {})}
+        run_ids = [tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True, tags=tags)
+                   for cfg in cfgs]
+        store = load_offline(cfgs[0], model_path)  # the task's seed: the same teachers for every seed
+        for run_id in run_ids:
+            if store is not None:
+                tracker.log_offline_store(run_id, store)
+        group = SeedGroup(cfgs, metric, tune.report)
+        results = group.run(model_path, [{"uri": tracking["uri"], "run_id": r} for r in run_ids], store, stop.uri)
+        if any((r.metrics or {}).get("progress/preempted") for r in results):
+            # Checkpointed for a resume: tell the driver, and stay "running" so that Tune neither
+            # closes the trial nor starts another in its place before the driver exits.
+            for run_id in run_ids:
+                tracker.finish(run_id, "stopped")
+            stop.acknowledge(config_id)
+            while True:
+                time.sleep(60)
+
+    return trainable
+
+
+class TrialStates(Callback):
+    """Tune callback: closes each configuration's MLflow runs with its state (finished, pruned,
+    errored), and keeps `RUNNING` for the SIGTERM path.
+
+    A module-level class, so that the copy Tune pickles with the experiment (and a --resume restores)
+    still updates this module's `RUNNING`.
+    """
+
+    def __init__(self, tracker: Tracker, sweep: str, steps: int, seeds: list[int]):
+        self.tracker, self.sweep, self.steps, self.seeds = tracker, sweep, steps, seeds
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        RUNNING.add(trial.trial_id)
+
+    def _close(self, trial, state: str) -> None:
+        from trainables.rollout.service import remove_engine_group
+
+        RUNNING.discard(trial.trial_id)
+        for seed in self.seeds:  # a pruned trial's actors are killed before their `finally` runs
+            remove_engine_group(seed_name(trial.trial_id, seed))
+        self.tracker.finish_sweep_trial(self.sweep, trial.trial_id, state)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        done = (trial.last_result or {}).get("progress/step", 0) >= trial.config.get("learner.steps", self.steps)
+        self._close(trial, "finished" if done else "pruned")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._close(trial, "errored")
+
+
+def check_resumable(uri: str, name: str, resume: bool) -> None:
+    from ray import tune
+
+    exists = tune.Tuner.can_restore(f"{uri}/tune")
+    if resume and not exists:
+        raise SpecError(f"--resume: nothing named {name!r} to resume in {uri}")
+    if exists and not resume:
+        raise SpecError(f"--name: {name!r} already exists in {uri}; pass --resume to continue it, or --name NEW "
+                        f"for a new one")
+
+
+def stop_when_checkpointed(exp: Experiment) -> None:
+    """SIGTERM: once every running trial has checkpointed (or after STOP_GRACE_S), exit for a resume."""
+    console.print(f"SIGTERM: {len(RUNNING)} running trials checkpoint at their next step boundary, then "
+                  f"{exp.name} stops")
+
+    def wait_and_exit() -> None:
+        deadline = time.time() + STOP_GRACE_S
+        while not RUNNING <= exp.stop.acknowledged() and time.time() < deadline:
+            time.sleep(1)
+        missing = RUNNING - exp.stop.acknowledged()
+        exp.tracker.finish(exp.parent, "stopped")
+        console.print(f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
+                      f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
+                      f"with --resume to continue", highlight=False, soft_wrap=True)
+        sys.stdout.flush()
+        os._exit(STOPPED_EXIT_CODE)  # the trials hold their slots until the driver (and its job) goes
+
+    threading.Thread(target=wait_and_exit, daemon=True).start()
+
+
+def fit(exp: Experiment, trainable, tune_config, steps: int, seeds: list[int], resume: bool,
+        param_space: dict | None = None):
+    """Run (or with `resume` continue) the Tune experiment; its ResultGrid."""
+    from ray import tune
+
+    # Tune saves its state (trials, searcher, scheduler) at most this often: what a killed driver loses.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
+    if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
+        return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
+    tuner = tune.Tuner(trainable, tune_config=tune_config, param_space=param_space,
+                       run_config=tune.RunConfig(name="tune", storage_path=exp.uri,
+                                                 callbacks=[TrialStates(exp.tracker, exp.name, steps, seeds)]))
+    return tuner.fit()
+
+
+@dataclass
+class ConfigSummary:
+    """One configuration at its end: its settings, state, per-seed objective and interval."""
+
+    config_id: str
+    params: dict[str, Any]
+    state: str
+    steps: int
+    values: list[float]  # the objective, seed by seed
+    interval: Interval | None
+    se: float | None  # the validation's own standard error (mean over seeds)
+    metrics: dict[str, float]
+
+
+def summarize(results, metric: str, steps: int, keys: list[str]) -> list[ConfigSummary]:
+    """Every configuration of a ResultGrid, in the order Tune made them."""
+    out = []
+    for r in results:
+        m = dict(r.metrics or {})
+        done = m.get("progress/step", 0) >= r.config.get("learner.steps", steps)
+        state = "errored" if r.error else ("finished" if done else "stopped early")
+        values = [m[k] for k in sorted((k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
+                                       key=lambda k: int(k.split("/")[1]))]
+        se = m.get(SE_KEY)
+        out.append(ConfigSummary(m.get("trial_id") or r.path.rsplit("/", 1)[-1], {k: r.config.get(k) for k in keys},
+                                 state, int(m.get("progress/step", 0)), values,
+                                 seed_interval(values, se) if values else None, se, m))
+    return out
+
+
+def log_config_metrics(exp: Experiment, summaries: list[ConfigSummary], metric: str) -> None:
+    """Each configuration's mean and interval, on every one of its seed runs (MLflow groups them by `config`)."""
+    for s in summaries:
+        if s.interval is None:
+            continue
+        values = {f"config/{metric}/mean": s.interval.mean, f"config/{metric}/ci_low": s.interval.low,
+                  f"config/{metric}/ci_high": s.interval.high}
+        values = {k: v for k, v in values.items() if v == v}  # no interval without seeds or a standard error
+        exp.tracker.log_config_metrics(exp.name, s.config_id, values)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A configuration against a reference over the same seeds: the paired difference, its verdict, and
+    the seeds a verdict would need (None: not estimable)."""
+
+    diff: Interval
+    verdict: str
+    seeds_needed: int | None
+
+    def line(self, reference: str = "the baseline", label: str = "best - baseline") -> str:
+        return describe(self.diff, self.verdict, self.seeds_needed, reference, label)
+
+
+def compare(a: ConfigSummary, b: ConfigSummary, mode: str) -> Comparison | None:
+    """a - b, seed by seed; None when either has no objective on every seed."""
+    n = min(len(a.values), len(b.values))
+    if not n:
+        return None
+    se = math.sqrt(a.se**2 + b.se**2) if n == 1 and a.se is not None and b.se is not None else None
+    diff = paired_difference(a.values[:n], b.values[:n], se)
+    diffs = [x - y for x, y in zip(a.values[:n], b.values[:n])]
+    return Comparison(diff, verdict(diff, mode), seeds_needed(diffs) if diff.source == "seeds" else None)
+
+
+def pooled_seed_sd(summaries: list[ConfigSummary]) -> float | None:
+    """The seed-to-seed standard deviation of the objective, pooled over configurations with >= 2 seeds."""
+    groups = [s.values for s in summaries if len(s.values) > 1]
+    if not groups:
+        return None
+    squares = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups)
+    return math.sqrt(squares / sum(len(g) - 1 for g in groups))
+
+
+def noise_line(summaries: list[ConfigSummary], metric: str) -> str:
+    """How much of the noise is measurement (the validation's standard error) and how much training (seeds)."""
+    se = [s.se for s in summaries if s.se is not None]
+    sd = pooled_seed_sd(summaries)
+    parts = [f"validation standard error of {metric}: {sum(se) / len(se):.3f} (its problems and samples)" if se
+             else f"no standard error reported for {metric}"]
+    parts.append(f"seed-to-seed SD: {sd:.3f} (measurement and training together)" if sd is not None
+                 else "one seed per configuration: the intervals ignore seed noise")
+    return "; ".join(parts)
+
+
+def markdown_table(summaries: list[ConfigSummary], metric: str, keys: list[str], names: dict[str, str] | None = None) -> str:
+    """The configurations as a Markdown table: state, steps, mean and 95% interval, each seed's value."""
+    header = ["configuration", "state", "steps", f"{metric} mean [95% CI]", "seeds", "val SE", *keys]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in summaries:
+        name = (names or {}).get(s.config_id, s.config_id)
+        seeds = ", ".join(f"{v:.3f}" for v in s.values) or "-"
+        lines.append("| " + " | ".join([name, s.state, str(s.steps), s.interval.format() if s.interval else "-", seeds,
+                                        f"{s.se:.3f}" if s.se is not None else "-",
+                                        *(f"{s.params.get(k)!s:.8}" for k in keys)]) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,132 @@
+"""One configuration, R seeds: the Tune trial of a sweep or a study.
+
+The configuration's seeds train side by side (one Ray Train run each, in threads of the Tune trial)
+and the trial reports their mean to Tune at each RL step once every seed has reached it: Optuna and
+ASHA compare configurations on means over the same seeds, never on one seed's luck (Tune's own
+`Repeater` averages for the searcher only; a scheduler would see single seeds). Seed r is the spec's
+seed + r and moves the data order, the sampling and OGER's replacement draws; the task's problems stay
+at the spec's seed (`task.seed`), so every seed and every configuration is validated on the same
+problems, and two configurations pair seed by seed.
+
+A restarted trial (`--resume`) runs the group again: each seed's Train run continues from its own
+latest checkpoint, and a seed that had finished reports its final metrics at once.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray.train.v2.api.callback import UserCallback
+
+from orchestrator.launch import fit_trial
+from orchestrator.spec import apply_overrides
+from orchestrator.stats import seed_interval
+from trainables.config import TrialConfig
+
+SE_KEY = "val/accuracy_se"  # the objective's own standard error, reported with val/accuracy
+POLL_S = 1.0
+
+
+def seed_name(config_id: str, seed: int) -> str:
+    return f"{config_id}_seed{seed}"
+
+
+def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int) -> list[TrialConfig]:
+    """The configuration's R trials: seed = the spec's seed + r, the task's problems at the spec's seed."""
+    first = TrialConfig.model_validate(apply_overrides(base, overrides))
+    return [TrialConfig.model_validate(apply_overrides(base, {
+        **overrides, "seed": first.seed + r, "task.seed": first.task_seed, "storage": storage,
+        "name": seed_name(config_id, first.seed + r)})) for r in range(seeds)]
+
+
+class SeedReport(UserCallback):
+    """Ray Train callback: hands each of a seed's reports (rank 0's metrics) to the group's queue."""
+
+    def __init__(self, inbox, index: int):
+        self.inbox, self.index = inbox, index
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self.inbox.put((self.index, dict(metrics[0])))
+
+
+def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, float]:
+    """The group's report at one step: the mean over seeds of every numeric metric all seeds report,
+    the objective's per-seed values (`seeds/<r>/<metric>`), and its 95% interval over seeds
+    (`<metric>/ci_low`, `/ci_high`; one seed: from the validation's standard error)."""
+    shared = set.intersection(*(set(r) for r in reports))
+    out = {k: sum(float(r[k]) for r in reports) / len(reports) for k in sorted(shared)
+           if all(isinstance(r[k], (int, float)) for r in reports)}
+    if metric in shared:
+        values = [float(r[metric]) for r in reports]
+        se = out.get(SE_KEY) if len(values) == 1 else None
+        interval = seed_interval(values, se)
+        out.update({f"{metric}/ci_low": interval.low, f"{metric}/ci_high": interval.high, "seeds": len(values)})
+        out.update({f"seeds/{r}/{metric}": v for r, v in enumerate(values)})
+    return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+class SeedGroup:
+    """Runs a configuration's seeds at once and reports the group's step-wise means to `report`."""
+
+    def __init__(self, cfgs: list[TrialConfig], metric: str, report: Callable[[dict], None]):
+        self.cfgs, self.metric, self.report = cfgs, metric, report
+        self.history: list[dict[int, dict]] = [{} for _ in cfgs]  # seed -> step -> its report
+        self.results: list[Any] = [None] * len(cfgs)
+        self.errors: list[BaseException | None] = [None] * len(cfgs)
+        self.reported = 0
+
+    def run(self, model_path: Path, trackings: list[dict], store=None, stop_file: str | None = None) -> list:
+        """Train every seed; the Ray Train results, in seed order. A seed's error is raised once all stop."""
+        from ray.util.queue import Queue
+
+        inbox = Queue(actor_options={"num_cpus": 0})  # the reports of every seed, in arrival order
+        threads = [threading.Thread(target=self._fit, args=(i, cfg, model_path, trackings[i], store, stop_file, inbox),
+                                    name=cfg.name, daemon=True) for i, cfg in enumerate(self.cfgs)]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads) or not inbox.empty():
+            try:
+                index, metrics = inbox.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            self.history[index][int(metrics.get("progress/step", 0))] = metrics
+            self._report_ready(done=[not t.is_alive() for t in threads])
+        self._report_ready(done=[True] * len(threads))
+        for error in self.errors:
+            if error is not None:
+                raise error
+        return self.results
+
+    def _fit(self, index: int, cfg: TrialConfig, model_path: Path, tracking: dict, store, stop_file, inbox) -> None:
+        try:
+            result = fit_trial(cfg, model_path, tracking=tracking, store=store,
+                               run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
+            self.results[index] = result
+            if result.error:
+                self.errors[index] = result.error
+            elif result.metrics:  # a finished seed, resumed, reports nothing new: its last metrics stand
+                self.history[index].setdefault(int(result.metrics.get("progress/step", 0)), dict(result.metrics))
+        except BaseException as e:  # noqa: BLE001 - raised in the Tune trial's thread
+            self.errors[index] = e
+
+    def _report_ready(self, done: list[bool]) -> None:
+        """Report every step that all seeds have reached (a finished seed stands at its last step)."""
+        while True:
+            step = min((s for h in self.history for s in h if s > self.reported), default=None)
+            if step is None:
+                return
+            reports = []
+            for seed, finished in zip(self.history, done):
+                if step in seed:
+                    reports.append(seed[step])
+                elif finished and seed and max(seed) < step:
+                    reports.append(seed[max(seed)])
+                else:
+                    return  # this seed has not reached the step yet
+            self.reported = step
+            self.report({**group_metrics(reports, self.metric), "progress/step": step})

@@ -1,0 +1,332 @@
+"""python -m orchestrator.study SPEC.yaml [--name N] [--storage PATH_OR_URI] [--seeds R]
+[--max-concurrent C] [--set key.path=value ...] [--tracking-uri URI] [--dry-run] [--resume]
+
+A grid, not a search: the spec's named arms (each a set of overrides of its trial fields) x seeds,
+as one Ray Tune experiment with a sweep's tracking, `--resume` and SIGTERM behaviour. Each arm is one
+Tune trial whose seeds train side by side (`orchestrator.seeds`); MLflow records a parent run and one
+nested run per arm and seed (tags `arm`, `config`; param `seed`).
+
+At the end, read back from MLflow, it writes into <storage>/<name>:
+
+    study.json      per arm: the objective at the end (each seed, mean, 95% interval), every
+                    val/*/pass_at_k at the end, and the mean and 95% band over seeds of each curve
+                    against step; paired differences of each arm from the first, with verdicts
+    study.md        those tables
+    curves.png      per arm, mean and 95% band over seeds of the objective, policy entropy and
+                    response length against step
+    pass_at_k.png   per arm, pass@k at the end against k, with 95% intervals
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt, ValidationError, field_validator
+from rich.console import Console
+
+from orchestrator import experiment
+from orchestrator.experiment import ExperimentFailed
+from orchestrator.report import pyplot, save
+from orchestrator.spec import (
+    OBJECTIVE_NAMESPACES,
+    Section,
+    SpecError,
+    absolute_paths,
+    apply_overrides,
+    check_metric,
+    format_validation_error,
+    parse_overrides,
+    read_yaml,
+    validate_trial,
+)
+from orchestrator.stats import describe, paired_difference, seed_interval, seeds_needed, verdict
+from trainables.config import TrialConfig
+
+console = Console()
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+CURVES = ("policy/entropy", "rollout/response_length")
+PASS_AT = re.compile(r"val/[^/]+/pass_at_\d+")
+
+
+class StudyConfig(Section):
+    """A study: named arms x seeds, compared with the first arm."""
+
+    arms: dict[str, dict[str, Any]] = Field(description="Arm name -> dotted trial field overrides; the first arm "
+                                            "is the reference the others are compared with.")
+    seeds: PositiveInt = Field(3, description="Seeds per arm (the spec's seed + 0, 1, ...).")
+    metric: str = Field("val/accuracy", description="The objective: reported at the end, and against step.")
+    mode: Literal["max", "min"] = Field("max")
+    max_concurrent: PositiveInt = Field(1, description="Arms running at once (each runs its seeds side by side).")
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        if len(arms) < 2:
+            raise ValueError(f"name at least two arms to compare (got {len(arms)})")
+        for name in arms:
+            if not ARM_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an arm name: letters, digits, '.', '_' or '-', one path component")
+        return arms
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, metric: str) -> str:
+        if not metric.startswith(OBJECTIVE_NAMESPACES):
+            raise ValueError(f"{metric!r} is not a trial metric (namespaces {', '.join(OBJECTIVE_NAMESPACES)})")
+        return metric
+
+
+def load_study_spec(path: str | Path, overrides: list[str] | None = None,
+                    check_files: bool = True) -> tuple[TrialConfig, StudyConfig, dict]:
+    """(base trial, study, base trial data), all checked here: every arm must make a valid trial."""
+    data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
+    raw = data.pop("study", None)
+    if raw is None:
+        raise SpecError(f"{path}: study: missing; a study spec needs a study section (see search_spaces/studies/)")
+    data.pop("search", None)
+    trial = validate_trial(data, str(path), check_files)
+    try:
+        study = StudyConfig.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(f"{path}: study", e)) from None
+    for name, arm in study.arms.items():
+        try:
+            validate_trial(apply_overrides(data, arm), f"{path}: study.arms.{name}", check_files=False)
+        except SpecError as e:
+            raise SpecError(str(e).splitlines()[0]) from None
+    if study.metric.startswith("val/") and not trial.validation.every:
+        raise SpecError(f"{path}: study.metric: {study.metric} needs validation.every > 0")
+    check_metric(trial, study.metric, f"{path}: study.metric")
+    return trial, study, data
+
+
+def run(spec: str, args) -> int:
+    base_cfg, study, base = load_study_spec(spec, args.overrides, check_files=not args.dry_run)
+    study.seeds = args.seeds or study.seeds
+    study.max_concurrent = args.max_concurrent or study.max_concurrent
+    if args.dry_run:
+        for name, arm in study.arms.items():
+            console.print(f"arm {name}: {arm or '(the spec as it is)'}", highlight=False)
+        console.print(f"{len(study.arms)} arms x {study.seeds} seeds = {len(study.arms) * study.seeds} trials of "
+                      f"{base_cfg.learner.steps} steps, {study.max_concurrent} arm(s) at once", highlight=False)
+        return 0
+    from ray import tune
+
+    exp = experiment.start("study", args.name or base_cfg.name, args.storage or base_cfg.storage, base_cfg,
+                           tracking_uri=args.tracking_uri, spec=spec, params=study.model_dump(mode="json"),
+                           resume=args.resume,
+                           cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent, study.seeds))
+    base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})
+    console.print(f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
+                  f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}")
+    trainable = experiment.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
+    tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=study.max_concurrent)
+    seeds = [base_cfg.seed + r for r in range(study.seeds)]
+    experiment.fit(exp, trainable, tune_config, base_cfg.learner.steps, seeds, args.resume,
+                   param_space={"arm": tune.grid_search(list(study.arms))})
+    result = collect(exp, study)
+    write(result, exp.folder)
+    exp.tracker.finish_sweep(exp.parent, {}, {"wall_s": time.perf_counter() - exp.started},
+                             tables={"study.md": (exp.folder / "study.md").read_text(),
+                                     "study.json": (exp.folder / "study.json").read_text()})
+    console.print((exp.folder / "study.md").read_text(), highlight=False, soft_wrap=True)
+    console.print(f"study done in {time.perf_counter() - exp.started:.0f} s: {exp.folder / 'study.md'}")
+    return 0
+
+
+def seed_runs(exp, study: StudyConfig) -> dict[str, list]:
+    """Each arm's runs in seed order, from MLflow."""
+    client, tracker = exp.tracker.client, exp.tracker
+    runs = client.search_runs([tracker.experiment_id], f"tags.sweep = '{exp.name}' and tags.kind = 'trial'",
+                              max_results=10_000)
+    by_arm = {name: sorted((r for r in runs if r.data.tags.get("arm") == name), key=lambda r: int(r.data.params["seed"]))
+              for name in study.arms}
+    if not any(by_arm.values()):
+        raise ExperimentFailed(f"no arm of {exp.name} recorded a run; their errors are in {exp.uri}/tune")
+    return by_arm
+
+
+def band(histories: list[list[tuple[int, float]]]) -> dict[str, list[float]]:
+    """Mean and 95% band over seeds, at the steps every seed logged."""
+    steps = sorted(set.intersection(*(set(s for s, _ in h) for h in histories))) if histories else []
+    out = {"steps": steps, "mean": [], "ci_low": [], "ci_high": []}
+    for step in steps:
+        interval = seed_interval([dict(h)[step] for h in histories])
+        out["mean"].append(interval.mean)
+        out["ci_low"].append(interval.low)
+        out["ci_high"].append(interval.high)
+    return out
+
+
+def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
+    """One arm: the state of each seed, its final values, and each curve's band."""
+    final = {key: [r.data.metrics.get(key) for r in runs] for key in
+             sorted({k for r in runs for k in r.data.metrics if k == study.metric or PASS_AT.fullmatch(k)}
+                    | set(CURVES))}
+    final = {k: v for k, v in final.items() if v and all(x is not None for x in v)}
+    se = [r.data.metrics.get(experiment.SE_KEY) for r in runs]
+    curves = {}
+    for key in (study.metric, *CURVES):
+        # The base policy's validation (logged as <metric>_base) is the curve's step 0.
+        histories = [sorted([(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
+                            + ([(0, r.data.metrics[f"{key}_base"])] if f"{key}_base" in r.data.metrics else []))
+                     for r in runs]
+        if histories and all(histories):
+            curves[key] = band(histories)
+    return {
+        "seeds": [int(r.data.params["seed"]) for r in runs],
+        "states": [r.data.tags.get("state", "?") for r in runs],
+        "final": {k: {"values": v, **interval_dict(seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
+                  for k, v in final.items()},
+        "validation_se": sum(x for x in se if x is not None) / max(1, sum(x is not None for x in se)),
+        "curves": curves,
+    }
+
+
+def interval_dict(interval) -> dict[str, float]:
+    return {"mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high}
+
+
+def differences(arms: dict[str, dict], mode: str, metric: str) -> dict[str, dict[str, dict]]:
+    """Each arm's paired difference from the first arm, at the end, for every final value they share."""
+    names = list(arms)
+    first = arms[names[0]]
+    out: dict[str, dict[str, dict]] = {}
+    for name in names[1:]:
+        arm, rows = arms[name], {}
+        for key, a in arm["final"].items():
+            b = first["final"].get(key)
+            if b is None or len(a["values"]) != len(b["values"]):
+                continue
+            diff = paired_difference(a["values"], b["values"])
+            diffs = [x - y for x, y in zip(a["values"], b["values"])]
+            direction = mode if key == metric or PASS_AT.fullmatch(key) else "max"
+            rows[key] = {**interval_dict(diff), "verdict": verdict(diff, direction),
+                         "seeds_needed": seeds_needed(diffs), "line": describe(diff, verdict(diff, direction),
+                                                                               seeds_needed(diffs), names[0],
+                                                                               f"{name} - {names[0]}")}
+        out[name] = rows
+    return out
+
+
+def collect(exp, study: StudyConfig) -> dict[str, Any]:
+    """The study's numbers, all from its MLflow runs."""
+    by_arm = seed_runs(exp, study)
+    arms = {name: {"overrides": study.arms[name], **arm_summary(exp.tracker.client, runs, study)}
+            for name, runs in by_arm.items() if runs}
+    finals = [arm["final"][study.metric]["values"] for arm in arms.values() if study.metric in arm["final"]]
+    sds = [v for v in finals if len(v) > 1]
+    pooled = (sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in sds) / sum(len(v) - 1 for v in sds)) ** 0.5 \
+        if sds else None
+    return {"name": exp.name, "metric": study.metric, "mode": study.mode, "seeds": study.seeds, "arms": arms,
+            "differences": differences(arms, study.mode, study.metric),
+            "noise": {"seed_sd": pooled, "validation_se": sum(a["validation_se"] for a in arms.values()) / len(arms)}}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    metric, arms = result["metric"], result["arms"]
+    keys = [metric, *sorted({k for a in arms.values() for k in a["final"] if k != metric})]
+    lines = [f"# study {result['name']}", "",
+             f"{len(arms)} arms x {result['seeds']} seeds; 95% intervals over seeds (Student t). Validation standard "
+             f"error of {metric}: {result['noise']['validation_se']:.3f}; seed-to-seed SD: "
+             + (f"{result['noise']['seed_sd']:.3f}" if result['noise']['seed_sd'] is not None else "-") + ".", "",
+             "## At the end", "", "| arm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, arm in arms.items():
+        cells = [fmt(arm["final"].get(k)) for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    first = next(iter(arms))
+    lines += ["", f"## Paired differences from {first}", "", "| arm | metric | difference [95% CI] | verdict | "
+              "seeds needed |", "|---|---|---|---|---|"]
+    for name, rows in result["differences"].items():
+        for key, row in rows.items():
+            lines.append(f"| {name} | {key} | {fmt(row)} | {row['verdict']} | {row['seeds_needed'] or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def fmt(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row["ci_low"] != row["ci_low"]:  # NaN: one seed
+        return f"{row['mean']:.3f}"
+    return f"{row['mean']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def write(result: dict[str, Any], folder: Path) -> None:
+    (folder / "study.json").write_text(json.dumps(result, indent=1, default=float))
+    (folder / "study.md").write_text(markdown(result))
+    plot_curves(result, folder / "curves.png")
+    plot_pass_at_k(result, folder / "pass_at_k.png")
+
+
+def plot_curves(result: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    keys = [k for k in (result["metric"], *CURVES) if any(k in a["curves"] for a in result["arms"].values())]
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(4.8 * max(1, len(keys)), 3.8), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for name, arm in result["arms"].items():
+            if key in arm["curves"]:
+                c = arm["curves"][key]
+                (line,) = ax.plot(c["steps"], c["mean"], marker="." if len(c["steps"]) < 12 else None, label=name)
+                ax.fill_between(c["steps"], c["ci_low"], c["ci_high"], color=line.get_color(), alpha=0.2)
+        ax.set_title(key)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{result['name']}: mean and 95% band over {result['seeds']} seeds")
+    save(fig, path)
+
+
+def plot_pass_at_k(result: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, arm in result["arms"].items():
+        rows = sorted(((int(k.rsplit("_", 1)[1]), v) for k, v in arm["final"].items() if PASS_AT.fullmatch(k)))
+        if rows:
+            ks = [k for k, _ in rows]
+            means = [v["mean"] for _, v in rows]
+            low = [v["mean"] - v["ci_low"] if v["ci_low"] == v["ci_low"] else 0 for _, v in rows]
+            high = [v["ci_high"] - v["mean"] if v["ci_high"] == v["ci_high"] else 0 for _, v in rows]
+            ax.errorbar(ks, means, yerr=[low, high], marker="o", capsize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k at the end")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("pass@k, mean and 95% interval over seeds")
+    save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.study", description=__doc__.strip(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", help="study spec with a study: section, e.g. search_spaces/studies/ead_vs_fixed.yaml")
+    parser.add_argument("--name", help="study name (default: the spec's name)")
+    parser.add_argument("--storage", help="folder or URI holding the study (default: the spec's storage)")
+    parser.add_argument("--seeds", type=int, help="seeds per arm (default: study.seeds)")
+    parser.add_argument("--max-concurrent", type=int, help="arms at once (default: study.max_concurrent)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite inside the storage)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a base trial field of every arm, e.g. --set learner.steps=10 (repeatable)")
+    parser.add_argument("--dry-run", action="store_true", help="check the spec and print the arms only")
+    parser.add_argument("--resume", action="store_true", help="continue the study of the same name and storage")
+    args = parser.parse_args(argv)
+    try:
+        for flag in ("seeds", "max_concurrent"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                raise SpecError(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
+        return run(args.spec, args)
+    except (SpecError, FileNotFoundError, ExperimentFailed) as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        return 2
+
+
+if __name__ == "__main__":
+    from orchestrator.study import main as study_main  # the importable module, as the sweep (Tune pickles)
+
+    sys.exit(study_main())
