@@ -209,8 +209,11 @@ def save(fig, path: Path) -> None:
 
 
 def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], images: list[str],
-             importance: dict[str, float], notes: list[str]) -> str:
+             importance: dict[str, float], notes: list[str], configurations: str | None = None) -> str:
     lines = [f"# {title}", ""]
+    if configurations:
+        lines += ["## Configurations: mean and 95% interval over seeds, and the verdict", "",
+                  configurations.strip(), "", "## Runs (one per configuration and seed)", ""]
     columns = ["trial", "state", "steps", *metrics, *searched]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in trials:
@@ -226,6 +229,15 @@ def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], 
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def sweep_table(client: MlflowClient, anchor) -> str | None:
+    """The sweep's table of configurations and its verdict, as the sweep logged them (None before it ends)."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            return Path(client.download_artifacts(anchor.info.run_id, "configurations.md", folder)).read_text()
+        except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+            return None
 
 
 def run(target: str, out: str | None, tracking_uri: str | None, experiment: str) -> Path:
@@ -264,7 +276,9 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
         images.append("importance.png")
     elif sweep:
         notes.append("parameter importance needs at least two finished trials with different settings")
-    (report / "report.md").write_text(markdown(title, trials, searched, shown, images, importance, notes))
+    configurations = sweep_table(client, anchor) if sweep else None
+    (report / "report.md").write_text(markdown(title, trials, searched, shown, images, importance, notes,
+                                               configurations))
     client.log_artifacts(anchor.info.run_id, str(report), "report")
     console.print(f"report: {report / 'report.md'} ({len(images)} plots; also in MLflow run {anchor.info.run_id})")
     return report

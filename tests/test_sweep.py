@@ -55,17 +55,19 @@ def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
     assert "trial 3:" in out.stdout and not list(tmp_path.iterdir())  # nothing written, nothing run
 
 
-# A spec built so that ASHA must stop a trial: lr 0.05 wrecks the policy within two steps, far
-# below the first trial's validation accuracy at the first rung.
+# A spec built so that ASHA must stop a configuration: lr 0.05 wrecks the policy within two steps, far
+# below the first configuration's validation accuracy at the first rung. Two seeds each; the baseline
+# is the first point (lr 0.0001), and lr 0.0002 runs to the end beside it for a verdict.
 ASHA_SEARCH = f"""
 search:
   metric: val/arithmetic/pass_at_2
   mode: max
   num_samples: 3
+  seeds: 2
   scheduler: {{name: asha, grace_period: 2, reduction_factor: 2}}
-  points_to_evaluate: [{{learner.lr: 0.0001}}, {{learner.lr: 0.05}}]
+  points_to_evaluate: [{{learner.lr: 0.0001}}, {{learner.lr: 0.05}}, {{learner.lr: 0.0002}}]
   space:
-    learner.lr: {{choice: [0.0001, 0.05]}}
+    learner.lr: {{choice: [0.0001, 0.0002, 0.05]}}
     learner.steps: {{value: {STEPS}}}
   final: {{learner.steps: 2, validation.every: 0}}
 """
@@ -88,13 +90,31 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     runs = tracker.client.search_runs([tracker.experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
     trials = [r for r in runs if r.data.tags.get("kind") == "trial"]
-    assert len(trials) == 3
+    assert len(trials) == 6  # 3 configurations x 2 seeds, each its own nested run
+    configs: dict[str, list] = {}
     for run in trials:
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert run.data.params["learner.lr"] in ("0.0001", "0.05")
+        assert run.data.params["learner.lr"] in ("0.0001", "0.0002", "0.05")
         assert tracker.metric_history(run.info.run_id, "rollout/reward_mean")  # a history, step by step
+        configs.setdefault(run.data.tags["config"], []).append(run)
+    assert len(configs) == 3
+    for seeds in configs.values():
+        assert sorted(r.data.params["seed"] for r in seeds) == ["0", "1"]
+        assert len({r.data.params["learner.lr"] for r in seeds}) == 1 and len({r.data.tags["state"] for r in seeds}) == 1
+        assert "config/val/arithmetic/pass_at_2/mean" in seeds[0].data.metrics
     states = sorted(r.data.tags["state"] for r in trials)
     assert "pruned" in states and "finished" in states, states
+
+    # The verdict: the best configuration other than the baseline, paired seed by seed with it.
+    tags, metrics = parent.data.tags, parent.data.metrics
+    assert tags["verdict"] in ("better", "worse", "indistinguishable")
+    final = {c: [r.data.metrics["val/arithmetic/pass_at_2"] for r in sorted(runs, key=lambda r: r.data.params["seed"])]
+             for c, runs in configs.items()}
+    diffs = [a - b for a, b in zip(final[tags["verdict_config"]], final[tags["baseline"]])]
+    assert metrics["best_minus_baseline/mean"] == pytest.approx(sum(diffs) / 2)
+    assert metrics["best_minus_baseline/ci_low"] <= metrics["best_minus_baseline/mean"] <= metrics["best_minus_baseline/ci_high"]
+    assert (tags["verdict"] == "indistinguishable") == (metrics["best_minus_baseline/ci_low"] <= 0 <= metrics["best_minus_baseline/ci_high"])
+    assert "configurations.md" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
     # A pruned trial dies before its own clean-up: the driver removed its engines' placement group.
     left = [g.name for g in list_placement_groups(detail=True, limit=10_000)
             if g.name.startswith("rollout-engines-") and g.state != "REMOVED"]
@@ -104,8 +124,10 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     study = optuna.load_study(study_name="asha", storage=f"sqlite:///{finished_sweep / 'asha' / 'optuna.db'}")
     assert len(study.trials) == 3 and all(t.state.is_finished() for t in study.trials)
 
-    best = load_trial_spec(finished_sweep / "asha" / sweep.BEST_SPEC)  # valid input to orchestrator.train
-    assert best.learner.lr == 0.0001 and best.learner.steps == 2  # the winner's lr, then search.final
+    best_spec = finished_sweep / "asha" / sweep.BEST_SPEC
+    best = load_trial_spec(best_spec)  # valid input to orchestrator.train
+    assert best.learner.lr in (0.0001, 0.0002) and best.learner.steps == 2  # the winner's lr, then search.final
+    assert "best configuration" in best_spec.read_text().splitlines()[0]  # its comment says how sure it is
 
 
 @pytest.mark.slow
@@ -119,7 +141,7 @@ def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port
     with urllib.request.urlopen(request) as r:
         runs = json.load(r)["runs"]
     kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
-    assert kinds == ["sweep", "trial", "trial", "trial"]
+    assert kinds == ["sweep", *["trial"] * 6]
 
 
 @pytest.mark.slow
@@ -135,7 +157,7 @@ def test_best_trial_trains_exports_registers_and_evaluates(finished_sweep, tmp_p
     # Recorded where the sweep records (its best spec carries the tracking URI), and registered.
     tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
     (run,) = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.info.run_name == "asha-best"]
-    assert run.data.params["learner.lr"] == "0.0001" and run.data.params["learner.steps"] == "2"
+    assert run.data.params["learner.lr"] in ("0.0001", "0.0002") and run.data.params["learner.steps"] == "2"
     (version,) = tracker.client.search_model_versions("name = 'asha-best'")
     assert version.run_id == run.info.run_id
     assert "model/model.safetensors" in [a.path for a in tracker.client.list_artifacts(run.info.run_id, "model")]
@@ -164,6 +186,7 @@ def test_report_of_the_sweep(finished_sweep):
     assert "learner.lr" in summary and "val/accuracy" in summary
     assert len([line for line in summary.splitlines() if line.startswith("| ") and "0.0" in line]) >= 3
     assert "importance" in summary  # the ranking, or why there is none yet
+    assert "95% interval over seeds" in summary and "baseline" in summary  # the configurations and the verdict
     tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
     (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     logged = [a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")]

@@ -1,0 +1,105 @@
+"""Studies (orchestrator.study): bad specs at the edge, the shipped studies valid, and a real 2-arm x
+2-seed study whose study.json equals what its MLflow runs say."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import textwrap
+
+import pytest
+import yaml
+from scipy import stats
+
+from orchestrator import study
+from orchestrator.spec import SpecError
+from orchestrator.tracking import Tracker, default_tracking_uri
+
+BASE_OVERRIDES = ["learner.steps=2", "validation.every=2", "validation.num_prompts=16", "validation.samples=2",
+                  "learner.prompts_per_step=4"]
+
+
+def spec_with(tmp_path, section: str):
+    base = yaml.safe_load(open("search_spaces/ead.yaml"))
+    base.pop("search")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(base) + textwrap.dedent(section))
+    return path
+
+
+@pytest.mark.parametrize("section, expected", [
+    ("study: {arms: {only: {}}}\n", "study.arms: Value error, name at least two arms"),
+    ("study: {arms: {'../x': {}, b: {}}}\n", "'../x' is not an arm name"),
+    ("study: {arms: {a: {}, b: {rollout.decoding.ead.tau_maxx: 1}}}\n", "study.arms.b: rollout.decoding.ead.tau_maxx"),
+    ("study: {arms: {a: {}, b: {}}, seeds: 0}\n", "study.seeds"),
+    ("study: {arms: {a: {}, b: {}}, metric: accuracy}\n", "'accuracy' is not a trial metric"),
+    ("arms: {a: {}, b: {}}\n", "study: missing"),
+])
+def test_bad_study_spec_is_one_line_naming_the_key(tmp_path, section, expected):
+    with pytest.raises(SpecError) as info:
+        study.load_study_spec(spec_with(tmp_path, section))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and expected in message, message
+
+
+@pytest.mark.parametrize("spec", ["search_spaces/studies/ead_vs_fixed.yaml", "search_spaces/studies/oger_ablation.yaml"])
+def test_shipped_studies_are_valid(spec):
+    _, config, _ = study.load_study_spec(spec)
+    assert config.seeds >= 3 and len(config.arms) >= 4
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Student t, computed here independently of orchestrator.stats."""
+    n, mean = len(values), sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+@pytest.mark.slow
+def test_two_arms_two_seeds_match_their_mlflow_runs(ray_cluster, tiny_model_path, tmp_path):
+    spec = spec_with(tmp_path, """
+        study:
+          seeds: 2
+          arms:
+            ead: {}
+            fixed_1.0: {rollout.decoding.schedule: fixed, rollout.decoding.temperature: 1.0}
+        """)
+    args = argparse.Namespace(overrides=BASE_OVERRIDES, seeds=None, max_concurrent=None, dry_run=False, name="st",
+                              storage=str(tmp_path / "runs"), tracking_uri=None, resume=False)
+    assert study.run(str(spec), args) == 0
+    folder = tmp_path / "runs" / "st"
+    result = json.loads((folder / "study.json").read_text())
+    for name in ("curves.png", "pass_at_k.png", "study.md"):
+        assert (folder / name).stat().st_size > 1000
+
+    tracker = Tracker(default_tracking_uri(str(tmp_path / "runs")), "rlvr-explore")
+    runs = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'trial'")
+    assert len(runs) == 4
+    finals = {}
+    for run in runs:
+        arm, seed = run.data.tags["arm"], int(run.data.params["seed"])
+        assert run.data.tags["config"] and run.data.params["task.seed"] == "0" and run.data.tags["state"] == "finished"
+        finals.setdefault(arm, {})[seed] = run.data.metrics["val/accuracy"]
+    assert {arm: sorted(v) for arm, v in finals.items()} == {"ead": [0, 1], "fixed_1.0": [0, 1]}
+    for arm, by_seed in finals.items():
+        row = result["arms"][arm]["final"]["val/accuracy"]
+        assert row["values"] == [by_seed[0], by_seed[1]]
+        assert (row["mean"], row["ci_low"], row["ci_high"]) == pytest.approx(t_interval([by_seed[0], by_seed[1]]))
+        assert result["arms"][arm]["seeds"] == [0, 1]
+    diffs = [finals["fixed_1.0"][s] - finals["ead"][s] for s in (0, 1)]
+    row = result["differences"]["fixed_1.0"]["val/accuracy"]
+    if diffs[0] == diffs[1]:
+        assert row["ci_low"] == row["ci_high"] == pytest.approx(diffs[0])
+    else:
+        assert (row["mean"], row["ci_low"], row["ci_high"]) == pytest.approx(t_interval(diffs))
+    # The entropy curve: mean over the seeds at each step, from the runs' histories.
+    curve = result["arms"]["ead"]["curves"]["policy/entropy"]
+    by_step = [dict((m.step, m.value) for m in tracker.client.get_metric_history(r.info.run_id, "policy/entropy"))
+               for r in runs if r.data.tags["arm"] == "ead"]
+    assert curve["steps"] == [1, 2]
+    assert curve["mean"] == pytest.approx([(by_step[0][s] + by_step[1][s]) / 2 for s in (1, 2)])
+    (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
+    assert parent.data.tags["experiment_kind"] == "study" and parent.data.tags["state"] == "finished"
+    assert "study.json" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
