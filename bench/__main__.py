@@ -3,7 +3,8 @@
 Every row is a ratio measured side by side in this run (absolute times on a shared machine are
 noise), checked against its target, printed as one table and written as JSON:
 
-  sweep    peak memory (PSS) of the default sweep, `python -m orchestrator.sweep SPEC`, run whole;
+  sweep    the default sweep, `python -m orchestrator.sweep SPEC`, run whole: its peak memory (PSS),
+           its wall time, and the share of it its trials spent computing RL steps;
   engines  EAD over fixed-temperature generation per backend (EAD's code path at tau = 1, so the
            same tokens are sampled; and the EAD recipe, whose hotter samples run longer), the
            rollout service actor over the same engine called in-process, the weight push by gloo
@@ -50,6 +51,8 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "checkpoint / its interval": ("<=", 0.05),
     "report + logging / wall": ("<=", 0.02),
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
+    "default sweep trial compute / wall": None,
+    "default sweep wall (min)": ("<=", 12.0),
     "learner memory per response token / fp32 logits row (V = 151,936)": ("<=", 0.25),
     "learner memory per response token / fp32 logits row, full-logits pass": None,
     "learner update tokens/s, chunked / full-logits pass": (">=", 0.95),
@@ -77,7 +80,27 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
     figures = peak_memory(command, env=env)
     if figures["exit_code"]:
         raise SystemExit(f"bench: the sweep failed (exit {figures['exit_code']})")
-    return {"default sweep peak memory, PSS (GiB)": figures["peak_pss_gib"]}, figures
+    figures.update(sweep_compute(storage, command[command.index("--name") + 1], spec))
+    return {"default sweep peak memory, PSS (GiB)": figures["peak_pss_gib"],
+            "default sweep trial compute / wall": figures["compute_share"],
+            "default sweep wall (min)": figures["wall_s"] / 60}, figures
+
+
+def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
+    """The sweep's wall time, and the share of it its trials spent in RL steps: the trials' summed step
+    times over (wall x the seeds that run at once), read back from MLflow."""
+    from orchestrator.spec import load_sweep_spec
+    from orchestrator.tracking import Tracker, default_tracking_uri
+
+    _, search, _ = load_sweep_spec(spec, check_files=False)
+    tracker = Tracker(default_tracking_uri(str(storage)), "rlvr-explore")
+    runs = tracker.client.search_runs([tracker.experiment_id], f"tags.sweep = '{name}'", max_results=10_000)
+    (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    wall = parent.data.metrics["sweep/wall_s"]
+    steps = sum(v for r in runs if r.data.tags.get("kind") == "trial"
+                for _, v in tracker.metric_history(r.info.run_id, "timing/step"))
+    at_once = search.seeds * search.max_concurrent_trials
+    return {"wall_s": wall, "trial_step_s": steps, "compute_share": steps / (wall * at_once)}
 
 
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:

@@ -73,6 +73,37 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     return exp
 
 
+def parser(prog: str, doc: str, kind: str, example: str, count: str):
+    """The command line a sweep and a study share; `count` is the flag for how many run at once."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=doc.strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help=f"experiment spec with a {kind}: section, e.g. {example}")
+    p.add_argument("--name", help=f"{'sweep' if kind == 'search' else kind} name (default: the spec's name)")
+    p.add_argument("--storage", help="folder or URI holding it (default: the spec's storage)")
+    p.add_argument("--max-concurrent", type=int, help=f"{count} at once (default: the spec's)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite inside the storage)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="check the spec and print what would run; start nothing")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the one of the same name and storage (unfinished trials from their checkpoints)")
+    return p
+
+
+def cli(run, parser_, argv: list[str] | None) -> int:
+    """Parse, run, and turn bad input into one line and exit code 2."""
+    args = parser_.parse_args(argv)
+    try:
+        for flag in ("max_concurrent", "seeds", "num_samples"):
+            if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
+                raise SpecError(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
+        return run(args.spec, args)
+    except (SpecError, FileNotFoundError, ExperimentFailed) as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        return 2
+
+
 def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
     return logical_cpus(base_cfg) * concurrent * seeds
 

@@ -81,7 +81,8 @@ class SeedGroup:
         self.reported = 0
 
     def run(self, model_path: Path, trackings: list[dict], store=None, stop_file: str | None = None) -> list:
-        """Train every seed; the Ray Train results, in seed order. A seed's error is raised once all stop."""
+        """Train every seed; the Ray Train results, in seed order. A seed's error is raised at once: the
+        Tune trial ends, and its seeds' Train runs with it."""
         from ray.util.queue import Queue
 
         inbox = Queue(actor_options={"num_cpus": 0})  # the reports of every seed, in arrival order
@@ -89,14 +90,15 @@ class SeedGroup:
                                     name=cfg.name, daemon=True) for i, cfg in enumerate(self.cfgs)]
         for thread in threads:
             thread.start()
-        while any(t.is_alive() for t in threads) or not inbox.empty():
+        while (any(t.is_alive() for t in threads) or not inbox.empty()) and not any(self.errors):
             try:
                 index, metrics = inbox.get(timeout=POLL_S)
             except queue.Empty:
                 continue
             self.history[index][int(metrics.get("progress/step", 0))] = metrics
             self._report_ready(done=[not t.is_alive() for t in threads])
-        self._report_ready(done=[True] * len(threads))
+        if not any(self.errors):
+            self._report_ready(done=[True] * len(threads))
         for error in self.errors:
             if error is not None:
                 raise error

@@ -19,7 +19,6 @@ At the end, read back from MLflow, it writes into <storage>/<name>:
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -303,27 +302,10 @@ def plot_pass_at_k(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.study", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("spec", help="study spec with a study: section, e.g. search_spaces/studies/ead_vs_fixed.yaml")
-    parser.add_argument("--name", help="study name (default: the spec's name)")
-    parser.add_argument("--storage", help="folder or URI holding the study (default: the spec's storage)")
+    parser = experiment.parser("python -m orchestrator.study", __doc__, "study",
+                               "search_spaces/studies/ead_vs_fixed.yaml", "arms")
     parser.add_argument("--seeds", type=int, help="seeds per arm (default: study.seeds)")
-    parser.add_argument("--max-concurrent", type=int, help="arms at once (default: study.max_concurrent)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite inside the storage)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a base trial field of every arm, e.g. --set learner.steps=10 (repeatable)")
-    parser.add_argument("--dry-run", action="store_true", help="check the spec and print the arms only")
-    parser.add_argument("--resume", action="store_true", help="continue the study of the same name and storage")
-    args = parser.parse_args(argv)
-    try:
-        for flag in ("seeds", "max_concurrent"):
-            if getattr(args, flag) is not None and getattr(args, flag) < 1:
-                raise SpecError(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
-        return run(args.spec, args)
-    except (SpecError, FileNotFoundError, ExperimentFailed) as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        return 2
+    return experiment.cli(run, parser, argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ exits with 75, ready for `--resume`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -143,12 +142,9 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
 def run(spec: str, args) -> int:
     overrides = list(args.overrides)
     base_cfg, search, base = load_sweep_spec(spec, overrides, check_files=not args.dry_run)
-    if args.num_samples:
-        search.num_samples = args.num_samples
-    if args.max_concurrent is not None:
-        if args.max_concurrent < 1:
-            raise SpecError(f"--max-concurrent must be >= 1 (got {args.max_concurrent})")
-        search.max_concurrent_trials = args.max_concurrent
+    search.num_samples = args.num_samples or search.num_samples
+    search.seeds = getattr(args, "seeds", None) or search.seeds
+    search.max_concurrent_trials = args.max_concurrent or search.max_concurrent_trials
     _, fixed = optuna_space(search)
     if args.dry_run:
         dry_run(search, base, fixed)
@@ -240,25 +236,11 @@ def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[Conf
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.sweep", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("spec", help="experiment spec with a search: section, e.g. search_spaces/ead.yaml")
-    parser.add_argument("--name", help="sweep name (default: the spec's name)")
-    parser.add_argument("--storage", help="folder or URI holding the sweep (default: the spec's storage)")
-    parser.add_argument("--num-samples", type=int, help="trials (default: search.num_samples)")
-    parser.add_argument("--max-concurrent", type=int, help="trials at once (default: search.max_concurrent_trials)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite inside the storage)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
-    parser.add_argument("--dry-run", action="store_true", help="print the space and the first proposals only")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the sweep of the same name and storage (unfinished trials from their checkpoints)")
-    args = parser.parse_args(argv)
-    try:
-        return run(args.spec, args)
-    except (SpecError, FileNotFoundError, ExperimentFailed) as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        return 2
+    parser = experiment.parser("python -m orchestrator.sweep", __doc__, "search", "search_spaces/ead.yaml",
+                               "configurations")
+    parser.add_argument("--num-samples", type=int, help="configurations (default: search.num_samples)")
+    parser.add_argument("--seeds", type=int, help="seeds per configuration (default: search.seeds)")
+    return experiment.cli(run, parser, argv)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ from trainables.checkpoint import checkpoint_problem, manifest_file, saved_world
 EVERY = 2
 # 16 prompts a step (the spec has 8): steps of ~1.3 s here, so a signal sent once step 3 is logged reaches the
 # trial before step 4's stop check; at 0.65 s a step it sometimes did not, and the trial ran to its end.
+# Two learner ranks (the spec has one): a rank lost mid-trial, and checkpoints written by both.
 TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16",
-         "learner.prompts_per_step=16"]
+         "validation.samples=2", "learner.prompts_per_step=16", "learner.num_workers=2"]
 NOT_COMPARED = ("timing/", "faults/")  # wall-clock figures, and the record of the faults themselves
 
 

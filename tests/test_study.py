@@ -29,10 +29,10 @@ def spec_with(tmp_path, section: str):
 
 
 @pytest.mark.parametrize("section, expected", [
-    ("study: {arms: {only: {}}}\n", "study.arms: Value error, name at least two arms"),
+    ("study: {arms: {only: {}}}\n", "study: arms: name at least two arms"),
     ("study: {arms: {'../x': {}, b: {}}}\n", "'../x' is not an arm name"),
     ("study: {arms: {a: {}, b: {rollout.decoding.ead.tau_maxx: 1}}}\n", "study.arms.b: rollout.decoding.ead.tau_maxx"),
-    ("study: {arms: {a: {}, b: {}}, seeds: 0}\n", "study.seeds"),
+    ("study: {arms: {a: {}, b: {}}, seeds: 0}\n", "study: seeds"),
     ("study: {arms: {a: {}, b: {}}, metric: accuracy}\n", "'accuracy' is not a trial metric"),
     ("arms: {a: {}, b: {}}\n", "study: missing"),
 ])
