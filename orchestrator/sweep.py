@@ -32,7 +32,7 @@ from rich.table import Table
 from orchestrator import experiment
 from orchestrator.experiment import ConfigSummary, Experiment, ExperimentFailed
 from orchestrator.launch import BEST_SPEC
-from orchestrator.spec import SearchConfig, SpecError, apply_overrides, derived_numbers, load_sweep_spec
+from orchestrator.spec import SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
 from trainables.config import TrialConfig
 
 console = Console()
