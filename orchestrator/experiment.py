@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,9 +206,13 @@ def stop_when_checkpointed(exp: Experiment) -> None:
     threading.Thread(target=wait_and_exit, daemon=True).start()
 
 
-def fit(exp: Experiment, trainable, tune_config, steps: int, seeds: list[int], resume: bool,
+def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], steps: int, seeds: list[int], resume: bool,
         param_space: dict | None = None):
-    """Run (or with `resume` continue) the Tune experiment; its ResultGrid."""
+    """Run (or with `resume` continue) the Tune experiment; its ResultGrid.
+
+    `tune_config` is called only for a new experiment: a searcher built on resume would enqueue its
+    points_to_evaluate in the Optuna study a second time, and the restored searcher would propose them again.
+    """
     from ray import tune
 
     # Tune saves its state (trials, searcher, scheduler) at most this often: what a killed driver loses.
@@ -215,7 +220,7 @@ def fit(exp: Experiment, trainable, tune_config, steps: int, seeds: list[int], r
     trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
         return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
-    tuner = tune.Tuner(trainable, tune_config=tune_config, param_space=param_space,
+    tuner = tune.Tuner(trainable, tune_config=tune_config(), param_space=param_space,
                        run_config=tune.RunConfig(name="tune", storage_path=exp.uri,
                                                  callbacks=[TrialStates(exp.tracker, exp.name, steps, seeds)]))
     return tuner.fit()

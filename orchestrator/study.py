@@ -125,9 +125,8 @@ def run(spec: str, args) -> int:
     console.print(f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
                   f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}")
     trainable = experiment.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
-    tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=study.max_concurrent)
     seeds = [base_cfg.seed + r for r in range(study.seeds)]
-    experiment.fit(exp, trainable, tune_config, base_cfg.learner.steps, seeds, args.resume,
+    experiment.fit(exp, trainable, lambda: tune.TuneConfig(max_concurrent_trials=study.max_concurrent), base_cfg.learner.steps, seeds, args.resume,
                    param_space={"arm": tune.grid_search(list(study.arms))})
     result = collect(exp, study)
     write(result, exp.folder)

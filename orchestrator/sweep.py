@@ -161,9 +161,11 @@ def run(spec: str, args) -> int:
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
     trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
-    tune_config = tune.TuneConfig(search_alg=make_searcher(search, exp.folder, exp.name),
-                                  scheduler=make_scheduler(search, steps), num_samples=search.num_samples,
-                                  max_concurrent_trials=search.max_concurrent_trials)
+    def tune_config():
+        return tune.TuneConfig(search_alg=make_searcher(search, exp.folder, exp.name),
+                               scheduler=make_scheduler(search, steps), num_samples=search.num_samples,
+                               max_concurrent_trials=search.max_concurrent_trials)
+
     results = experiment.fit(exp, trainable, tune_config, steps, seed_list(base_cfg, search.seeds), args.resume)
     report(results, search, exp, base, fixed, steps)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")

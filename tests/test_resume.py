@@ -35,7 +35,8 @@ EVERY = 2
 # Two learner ranks (the spec has one): a rank lost mid-trial, and checkpoints written by both.
 TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16",
          "validation.samples=2", "learner.prompts_per_step=16", "learner.num_workers=2"]
-NOT_COMPARED = ("timing/", "faults/")  # wall-clock figures, and the record of the faults themselves
+# Wall-clock figures, the record of the faults themselves, and a sweep's summary over a configuration's seeds.
+NOT_COMPARED = ("timing/", "faults/", "config/")
 
 
 def trial_cfg(storage: Path, *overrides: str):
