@@ -28,8 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from orchestrator.console import console, number_table
 
 SECTIONS = ("sweep", "engines", "trials", "learner")
 ALGORITHMS = ("grpo", "luffy", "oger")
@@ -57,7 +56,6 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "learner memory per response token / fp32 logits row, full-logits pass": None,
     "learner update tokens/s, chunked / full-logits pass": (">=", 0.95),
 }
-console = Console()
 
 
 def verdict(row: str, value: float | str) -> str:
@@ -150,9 +148,7 @@ def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
 
 
 def print_table(rows: dict, title: str) -> None:
-    table = Table(title=title)
-    for column, justify in (("row", "left"), ("value", "right"), ("target", "right"), ("", "left")):
-        table.add_column(column, justify=justify)
+    table = number_table(title, ["row", "value", "target", "verdict"])
     for row in TARGETS:
         if row in rows:
             value, target = rows[row], TARGETS[row]
@@ -162,20 +158,14 @@ def print_table(rows: dict, title: str) -> None:
 
 
 def print_phases(figures: dict) -> None:
-    table = Table(title="steady-state step, share of each phase")
-    table.add_column("phase")
-    for algorithm in figures:
-        table.add_column(algorithm, justify="right")
+    table = number_table("steady-state step, share of each phase", ["phase", *figures])
     phases = next(iter(figures.values()))["phase_share_of_step"]
     for phase in phases:
         table.add_row(phase, *(f"{f['phase_share_of_step'][phase]:.1%}" for f in figures.values()))
     table.add_row("mean step (s)", *(f"{f['mean_step_s']:.2f}" for f in figures.values()))
     table.add_row("encoder busy (s per step)", *(f"{f['encoder_s_per_step']:.2f}" for f in figures.values()))
     console.print(table)
-    table = Table(title="start-up, seconds per stage (timing/startup_*)")
-    table.add_column("stage")
-    for algorithm in figures:
-        table.add_column(algorithm, justify="right")
+    table = number_table("start-up, seconds per stage (timing/startup_*)", ["stage", *figures])
     for stage in next(iter(figures.values()))["startup_stages_s"]:
         table.add_row(stage, *(f"{f['startup_stages_s'][stage]:.1f}" for f in figures.values()))
     table.add_row("total", *(f"{f['startup_s']:.1f}" for f in figures.values()))

@@ -113,7 +113,7 @@ def _run(kind: str, spec: dict) -> dict:
 
 def _wide_vocab_model(folder: str) -> str:
     """A 2-layer Qwen2 body with Qwen2.5's vocabulary, so that the logits dominate (random weights)."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(hidden_size=128, num_hidden_layers=2, intermediate_size=384, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=QWEN25_VOCAB, tie_word_embeddings=True,

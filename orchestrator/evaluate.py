@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from orchestrator.console import console, number_table
 from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, saved_world_size
@@ -40,7 +40,6 @@ from trainables.data.tasks import encode_prompt
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 from trainables.rollout.types import SamplingSpec
 
-console = Console()
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
 
 
@@ -150,9 +149,7 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
 
 def results_table(results: dict[str, dict[str, dict[str, float]]]) -> Table:
     columns = list(next(iter(next(iter(results.values())).values())))
-    table = Table(title="evaluation")
-    for column in ("decoding", "benchmark", *columns):
-        table.add_column(column, justify="right")
+    table = number_table("evaluation", ["decoding", "benchmark", *columns])
     for label, per_benchmark in results.items():
         for bench, row in per_benchmark.items():
             table.add_row(label, bench, *(f"{row[c]:.4f}" for c in columns))

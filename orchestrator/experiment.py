@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
-from rich.console import Console
 
+from orchestrator.console import console
 from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import SE_KEY, SeedGroup, seed_configs, seed_name
@@ -27,7 +27,6 @@ from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 
-console = Console()
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
 
@@ -109,6 +108,19 @@ def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
     return logical_cpus(base_cfg) * concurrent * seeds
 
 
+def short_params(params: dict[str, Any]) -> dict[str, str]:
+    """{"rollout.decoding.ead.tau_max": 1.2531} -> {"tau_max": "1.25"}: each field by its last name (the full
+    one where two share it), floats to 3 significant digits: run names and tag columns a reader can scan."""
+    last = [k.rsplit(".", 1)[-1] for k in params]
+    return {(short if last.count(short) == 1 else key): f"{value:.3g}" if isinstance(value, float) else str(value)
+            for (key, value), short in zip(params.items(), last)}
+
+
+def run_name(shown: dict[str, str], seed: int) -> str:
+    """A seed run's name by what differs: `tau_max=1.25 d0=54 seed=1`, or `arm=ead seed=1`."""
+    return " ".join([*(f"{k}={v}" for k, v in shown.items()), f"seed={seed}"])
+
+
 def make_trainable(base: dict, exp: Experiment, metric: str, seeds: int, arms: dict[str, dict] | None = None):
     """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds,
     each its own Ray Train run and nested MLflow run (param `seed`, tag `config`)."""
@@ -123,9 +135,10 @@ def make_trainable(base: dict, exp: Experiment, metric: str, seeds: int, arms: d
         cfgs = seed_configs(base, overrides, config_id, storage, seeds)
         model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
         tracker = Tracker(tracking["uri"], cfgs[0].logging.experiment)
-        tags = {"kind": "trial", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id,
-                **({"arm": sampled["arm"]} if arms is not None else {})}
-        run_ids = [tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True, tags=tags)
+        shown = {"arm": sampled["arm"]} if arms is not None else short_params(sampled)
+        tags = {"kind": "trial", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id, **shown}
+        run_ids = [tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
+                                           tags={**tags, "seed": str(cfg.seed)}, run_name=run_name(shown, cfg.seed))
                    for cfg in cfgs]
         store = load_offline(cfgs[0], model_path)  # the task's seed: the same teachers for every seed
         for run_id in run_ids:
@@ -221,7 +234,8 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], steps: int, 
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
         return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
     tuner = tune.Tuner(trainable, tune_config=tune_config(), param_space=param_space,
-                       run_config=tune.RunConfig(name="tune", storage_path=exp.uri,
+                       # verbose=1: Tune's status table, not a ~60-metric box per report (the trials print their steps)
+                       run_config=tune.RunConfig(name="tune", storage_path=exp.uri, verbose=1,
                                                  callbacks=[TrialStates(exp.tracker, exp.name, steps, seeds)]))
     return tuner.fit()
 

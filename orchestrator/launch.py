@@ -9,14 +9,12 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
-
+from orchestrator.console import console
 from orchestrator.spec import SpecError
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
 from trainables.data.tasks import load_offline_store, train_problems
 
-console = Console()
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 
 # Environment of every Ray worker: DeepSpeed on CPU torch, quiet tokenizers, no hub access.

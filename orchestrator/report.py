@@ -24,14 +24,13 @@ from pathlib import Path
 
 import torch
 from mlflow.tracking import MlflowClient
-from rich.console import Console
 
+from orchestrator.console import console
 from orchestrator.spec import SpecError
 from orchestrator.tracking import default_tracking_uri
 from trainables.evaluation import mean_pass_at_k
 from trainables.rollout.ead import SCHEDULES
 
-console = Console()
 CURVES = ("rollout/reward_mean", "rollout/accuracy", "policy/entropy", "rollout/response_length")
 EAD_PARAMS = ("tau_max", "tau_min", "d0", "warmup_tokens", "time_scale")
 
@@ -174,7 +173,14 @@ def plot_objective(trials, searched: list[str], metric: str, path: Path) -> bool
             xs = [float(x) for x in xs]
         except (TypeError, ValueError):
             pass  # a categorical parameter: matplotlib places the strings
-        ax.scatter(xs, [v for _, v in values])
+        pruned = [run.data.tags.get("state") == "pruned" for run, _ in values]
+        for marked, style in ((False, {"label": "ran to the end"}), (True, {"label": "pruned (an earlier step)",
+                                                                          "marker": "x", "color": "tab:red"})):
+            points = [(x, v) for x, (_, v), p in zip(xs, values, pruned) if p == marked]
+            if points:
+                ax.scatter(*zip(*points), **style)
+        ax.set_title(f"{metric} against {key.rsplit('.', 1)[-1]}", fontsize=9)
+        ax.legend(fontsize=7)
         ax.set_xlabel(key)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
@@ -197,6 +203,8 @@ def plot_importance(values: dict[str, float], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 0.5 + 0.5 * len(values)))
     ax.barh(list(values), list(values.values()))
     ax.set_xlabel("importance (fANOVA)")
+    ax.set_title("parameter importance over the trials that ran to the end\n(Optuna's fANOVA: few trials, a rough guide)",
+                 fontsize=9)
     ax.invert_yaxis()
     save(fig, path)
 

@@ -103,6 +103,11 @@ def seeds_needed(diffs: Sequence[float], level: float = LEVEL, power: float = PO
     return MAX_SEEDS
 
 
+def seeds_text(n: int | None) -> str:
+    """A table cell for `seeds_needed`: "-" (not estimable), the count, or ">= MAX_SEEDS"."""
+    return "-" if n is None else f">= {MAX_SEEDS}" if n >= MAX_SEEDS else str(n)
+
+
 def clustered_se(per_problem: Sequence[float]) -> float:
     """Standard error of an accuracy averaged over problems, each problem's mean over its samples:
     sd(per-problem means) / √N. It holds both the problem draw and the sampling noise within a problem."""

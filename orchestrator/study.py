@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, ValidationError, field_validator
-from rich.console import Console
 
 from orchestrator import experiment
+from orchestrator.console import console
 from orchestrator.experiment import ExperimentFailed
 from orchestrator.report import pyplot, save
 from orchestrator.spec import (
@@ -44,10 +44,9 @@ from orchestrator.spec import (
     read_yaml,
     validate_trial,
 )
-from orchestrator.stats import describe, paired_difference, seed_interval, seeds_needed, verdict
+from orchestrator.stats import describe, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
 from trainables.config import TrialConfig
 
-console = Console()
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CURVES = ("policy/entropy", "rollout/response_length")
 PASS_AT = re.compile(r"val/[^/]+/pass_at_\d+")
@@ -126,7 +125,11 @@ def run(spec: str, args) -> int:
                   f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}")
     trainable = experiment.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
     seeds = [base_cfg.seed + r for r in range(study.seeds)]
-    experiment.fit(exp, trainable, lambda: tune.TuneConfig(max_concurrent_trials=study.max_concurrent), base_cfg.learner.steps, seeds, args.resume,
+
+    def tune_config():
+        return tune.TuneConfig(metric=study.metric, mode=study.mode, max_concurrent_trials=study.max_concurrent)
+
+    experiment.fit(exp, trainable, tune_config, base_cfg.learner.steps, seeds, args.resume,
                    param_space={"arm": tune.grid_search(list(study.arms))})
     result = collect(exp, study)
     write(result, exp.folder)
@@ -177,6 +180,9 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
                      for r in runs]
         if histories and all(histories):
             curves[key] = band(histories)
+        if key == study.metric and histories and all(len(h) > 1 for h in histories):
+            # Sample efficiency: the objective averaged over every validation after the base one.
+            final[area_key(key)] = [sum(v for s, v in h if s > 0) / sum(1 for s, _ in h if s > 0) for h in histories]
     return {
         "seeds": [int(r.data.params["seed"]) for r in runs],
         "states": [r.data.tags.get("state", "?") for r in runs],
@@ -185,6 +191,10 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
         "validation_se": sum(x for x in se if x is not None) / max(1, sum(x is not None for x in se)),
         "curves": curves,
     }
+
+
+def area_key(metric: str) -> str:
+    return f"{metric}/mean_over_validations"
 
 
 def interval_dict(interval) -> dict[str, float]:
@@ -204,7 +214,7 @@ def differences(arms: dict[str, dict], mode: str, metric: str) -> dict[str, dict
                 continue
             diff = paired_difference(a["values"], b["values"])
             diffs = [x - y for x, y in zip(a["values"], b["values"])]
-            direction = mode if key == metric or PASS_AT.fullmatch(key) else "max"
+            direction = mode if key in (metric, area_key(metric)) or PASS_AT.fullmatch(key) else "max"
             rows[key] = {**interval_dict(diff), "verdict": verdict(diff, direction),
                          "seeds_needed": seeds_needed(diffs), "line": describe(diff, verdict(diff, direction),
                                                                                seeds_needed(diffs), names[0],
@@ -243,7 +253,7 @@ def markdown(result: dict[str, Any]) -> str:
               "seeds needed |", "|---|---|---|---|---|"]
     for name, rows in result["differences"].items():
         for key, row in rows.items():
-            lines.append(f"| {name} | {key} | {fmt(row)} | {row['verdict']} | {row['seeds_needed'] or '-'} |")
+            lines.append(f"| {name} | {key} | {fmt(row)} | {row['verdict']} | {seeds_text(row['seeds_needed'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -21,21 +21,18 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 from ray import tune
-from rich.console import Console
 from rich.table import Table
 
 from orchestrator import experiment
+from orchestrator.console import console, number_table
 from orchestrator.experiment import ConfigSummary, Experiment, ExperimentFailed
 from orchestrator.launch import BEST_SPEC
 from orchestrator.spec import SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
 from trainables.config import TrialConfig
-
-console = Console()
 
 
 def optuna_space(search: SearchConfig) -> tuple[dict, dict[str, Any]]:
@@ -62,25 +59,27 @@ def objectives(search: SearchConfig) -> tuple[str | list[str], str | list[str]]:
     return search.metric, search.mode
 
 
-def make_searcher(search: SearchConfig, sweep_dir: Path, name: str):
+def make_searcher(search: SearchConfig, exp: Experiment, steps: int):
     import optuna
-    from ray.tune.search.optuna import OptunaSearch
+
+    from orchestrator.searcher import StepOptunaSearch
 
     space, _ = optuna_space(search)
     metric, mode = objectives(search)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{sweep_dir / 'optuna.db'}")
-    return OptunaSearch(space, metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=search.seed),
-                        study_name=name, storage=storage,
-                        points_to_evaluate=[p for p in search.points_to_evaluate if p] or None)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{exp.folder / 'optuna.db'}")
+    tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
+    return StepOptunaSearch(space, metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=search.seed),
+                            study_name=exp.name, storage=storage, steps=steps, tracking=tracking,
+                            points_to_evaluate=[p for p in search.points_to_evaluate if p] or None)
 
 
 def make_scheduler(search: SearchConfig, steps: int):
+    """ASHA on RL steps; its metric and mode come from the TuneConfig (which records them for Tune's tools)."""
     if search.scheduler.name == "none":
         return None
     from ray.tune.schedulers import ASHAScheduler
 
-    return ASHAScheduler(time_attr="progress/step", metric=search.metric, mode=search.mode, max_t=steps,
-                         grace_period=min(search.scheduler.grace_period, steps),
+    return ASHAScheduler(time_attr="progress/step", max_t=steps, grace_period=min(search.scheduler.grace_period, steps),
                          reduction_factor=search.scheduler.reduction_factor)
 
 
@@ -90,13 +89,13 @@ def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], tri
 
 
 def ranked_table(summaries: list[ConfigSummary], search: SearchConfig, keys: list[str]) -> Table:
-    table = Table(title=f"configurations ranked by {search.metric} ({search.mode}), mean over {search.seeds} seed(s)")
-    for column in ("config", "state", "steps", "mean [95% CI]", "per seed", "val SE", *(k.split(".")[-1] for k in keys)):
-        table.add_column(column, justify="right")
+    title = f"configurations ranked by {search.metric} ({search.mode}), mean over {search.seeds} seed(s)"
+    short = experiment.short_params(dict.fromkeys(keys, 0))
+    table = number_table(title, ["config", "state", "steps", "mean [95% CI]", "per seed", "val SE", *short])
     for s in ranked(summaries, search):
         table.add_row(s.config_id, s.state, str(s.steps), s.interval.format() if s.interval else "-",
                       " ".join(f"{v:.3f}" for v in s.values) or "-", f"{s.se:.3f}" if s.se is not None else "-",
-                      *[f"{s.params.get(k)!s:.8}" for k in keys])
+                      *experiment.short_params({k: s.params.get(k) for k in keys}).values())
     return table
 
 
@@ -162,8 +161,8 @@ def run(spec: str, args) -> int:
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
     trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
     def tune_config():
-        return tune.TuneConfig(search_alg=make_searcher(search, exp.folder, exp.name),
-                               scheduler=make_scheduler(search, steps), num_samples=search.num_samples,
+        return tune.TuneConfig(search_alg=make_searcher(search, exp, steps), scheduler=make_scheduler(search, steps),
+                               metric=search.metric, mode=search.mode, num_samples=search.num_samples,
                                max_concurrent_trials=search.max_concurrent_trials)
 
     results = experiment.fit(exp, trainable, tune_config, steps, seed_list(base_cfg, search.seeds), args.resume)

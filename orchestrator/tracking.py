@@ -21,6 +21,11 @@ from trainables.config import TrialConfig
 
 log = logging.getLogger(__name__)
 
+# The MLflow UI's experiment types: "custom_model_development" is its "Machine learning" kind (runs, charts).
+EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"
+# A run's state tag -> its MLflow status: stopped (for a resume) and pruned (by the scheduler) are
+# stopped on purpose, shown as "Killed", never as failures; anything else that ended is a failure.
+STATUS = {"finished": RunStatus.FINISHED, "stopped": RunStatus.KILLED, "pruned": RunStatus.KILLED}
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
 RETRY_WAITS_S = (1, 2, 4, 8, 16)  # ~30 s: long enough for a tracking server to restart
 
@@ -29,6 +34,13 @@ def default_tracking_uri(storage: str) -> str:
     folder = Path(storage).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def artifact_location(tracking_uri: str) -> str | None:
+    """Artifacts of a sqlite store go beside it (`<storage>/mlartifacts`); a server keeps its own default."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -67,9 +79,17 @@ class Tracker:
 
     @property
     def experiment_id(self) -> str:
+        """The experiment, created as model training (the MLflow UI then opens on runs and charts, not GenAI
+        traces) with its artifacts beside a sqlite store, so that a storage folder holds its whole record."""
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
-            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+            if found is None:
+                self._experiment_id = self.client.create_experiment(
+                    self.experiment, artifact_location=artifact_location(self.uri), tags={EXPERIMENT_KIND: TRAINING})
+            else:
+                self._experiment_id = found.experiment_id
+                if EXPERIMENT_KIND not in found.tags:  # made before experiments had a kind
+                    self.client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND, TRAINING)
         return self._experiment_id
 
     def _retried(self, what: str, fn, *args, **kwargs):
@@ -84,13 +104,14 @@ class Tracker:
                 time.sleep(wait)
 
     def start_trial_run(self, cfg: TrialConfig, *, parent_run_id: str | None = None,
-                        tags: dict[str, str] | None = None, resume: bool = False) -> str | None:
-        """The trial's run: with `resume`, the run already recording this Train run (reopened), if any."""
+                        tags: dict[str, str] | None = None, resume: bool = False, run_name: str | None = None) -> str | None:
+        """The trial's run (named `run_name`, default the trial's name): with `resume`, the run already
+        recording this Train run (reopened), if any."""
         return self._retried("creating the trial run", self._start_trial_run, cfg, parent_run_id, tags or {},
-                             resume)
+                             resume, run_name or cfg.name)
 
     def _start_trial_run(self, cfg: TrialConfig, parent_run_id: str | None, tags: dict[str, str],
-                         resume: bool) -> str:
+                         resume: bool, run_name: str) -> str:
         run_path = f"{cfg.storage.rstrip('/')}/{cfg.name}"  # where Ray Train keeps the run: its identity
         if resume and (found := self._find_trial_run(run_path)):
             return self._reopen(found)
@@ -98,7 +119,7 @@ class Tracker:
                     "run_path": run_path, **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=cfg.name, tags=all_tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         run_id = run.info.run_id
         self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
         self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
@@ -163,7 +184,11 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name,
                                      tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
                                            "state": "running", "experiment_kind": kind})
-        self.log_params(run.info.run_id, flatten(search, f"{kind if kind != 'sweep' else 'search'}."))
+        # The settings as params (metric, mode, seeds, ...); the space, points and arms as one readable file.
+        section = "search" if kind == "sweep" else kind
+        self.log_params(run.info.run_id, {f"{section}.{k}": v for k, v in search.items()
+                                          if v is not None and not isinstance(v, (dict, list))})
+        self.client.log_text(run.info.run_id, yaml.safe_dump(search, sort_keys=False), f"{section}.yaml")
         self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
         return run.info.run_id
 
@@ -189,12 +214,21 @@ class Tracker:
             self.client.log_text(run_id, text, name)
         self._finish(run_id, "finished")
 
+    def config_run_ids(self, sweep: str, config: str) -> list[str] | None:
+        """The runs of one configuration of a sweep or study (one per seed)."""
+        return self._retried("finding the configuration's runs", lambda: [
+            r.info.run_id for r in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config))])
+
+    @staticmethod
+    def _config_filter(sweep: str, config: str) -> str:
+        return f"tags.sweep = '{sweep}' and tags.config = '{config}'"
+
     def log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
         """The same metrics on every seed run of one configuration of a sweep or study."""
         self._retried("logging the configuration's interval", self._log_config_metrics, sweep, config, metrics)
 
     def _log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
-        for run in self.client.search_runs([self.experiment_id], f"tags.sweep = '{sweep}' and tags.config = '{config}'"):
+        for run in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config)):
             self.log_metrics(run.info.run_id, metrics)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
@@ -231,7 +265,7 @@ class Tracker:
 
     def _finish(self, run_id: str, state: str) -> None:
         self.client.set_tag(run_id, "state", state)
-        status = {"finished": RunStatus.FINISHED, "stopped": RunStatus.KILLED}.get(state, RunStatus.FAILED)
+        status = STATUS.get(state, RunStatus.FAILED)
         self.client.set_terminated(run_id, RunStatus.to_string(status))
 
     def _reopen(self, run_id: str) -> str:

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from orchestrator.console import console, number_table
 from orchestrator.launch import BEST_SPEC, fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
@@ -27,12 +27,9 @@ from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 
-console = Console()
 
 def summary_table(metrics: dict[str, float], title: str) -> Table:
-    table = Table(title=title, show_lines=False)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table = number_table(title, ["metric", "value"])
     for key in sorted(metrics):
         value = metrics[key]
         if isinstance(value, (int, float)) and key.split("/")[0] in ("val", "rollout", "policy", "tis", "timing", "oger", "offline"):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from orchestrator.stats import MAX_SEEDS, paired_difference, seed_interval, seeds_needed, verdict
+from orchestrator.stats import MAX_SEEDS, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
 from trainables.evaluation import avg_at_k_se
 
 
@@ -80,3 +80,7 @@ def test_validation_standard_error_clusters_by_problem():
     correct = [[True, True], [True, False], [False, False], [False, True]]
     assert avg_at_k_se(correct) == pytest.approx(0.204124, abs=1e-6)
     assert math.isnan(avg_at_k_se([[True, False]]))  # one problem: no spread
+
+
+def test_seeds_text_says_when_no_affordable_count_would_do():
+    assert [seeds_text(n) for n in (None, 13, MAX_SEEDS)] == ["-", "13", f">= {MAX_SEEDS}"]

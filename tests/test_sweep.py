@@ -132,6 +132,40 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
 
 
 @pytest.mark.slow
+def test_mlflow_optuna_and_tune_agree_on_every_trial(finished_sweep):
+    """Each client through its own API: a configuration ASHA stopped is pruned in all three (MLflow
+    `KILLED` with state `pruned`, Optuna `PRUNED`, Tune short of the last step), a finished one is
+    finished in all three; Optuna's intermediate values sit at the RL steps of the validations."""
+    from ray import tune
+
+    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
+    experiment = tracker.client.get_experiment(tracker.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.artifact_location == (finished_sweep / "mlartifacts").as_uri()
+    runs = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.data.tags.get("kind") == "trial"]
+    study = optuna.load_study(study_name="asha", storage=f"sqlite:///{finished_sweep / 'asha' / 'optuna.db'}")
+    assert study.metric_names == ["val/arithmetic/pass_at_2"]
+    optuna_trials = {t.user_attrs["tune_trial_id"]: t for t in study.trials}
+    grid = tune.Tuner.restore(str(finished_sweep / "asha" / "tune"), lambda config: None).get_results()
+    assert grid.get_best_result().metrics["val/arithmetic/pass_at_2"] == max(  # metric and mode recorded
+        r.metrics["val/arithmetic/pass_at_2"] for r in grid if r.metrics["progress/step"] == STEPS)
+    states = []
+    for result in grid:
+        trial_id, step = result.metrics["trial_id"], int(result.metrics["progress/step"])
+        state = "finished" if step == STEPS else "pruned"
+        mine = [r for r in runs if r.data.tags["config"] == trial_id]
+        assert len(mine) == 2 and {(r.data.tags["state"], r.info.status) for r in mine} == {
+            (state, "FINISHED" if state == "finished" else "KILLED")}
+        assert sorted(r.info.run_name for r in mine) == [f"lr={mine[0].data.tags['lr']} seed={s}" for s in (0, 1)]
+        trial = optuna_trials[trial_id]
+        assert trial.state == (optuna.trial.TrialState.COMPLETE if state == "finished" else optuna.trial.TrialState.PRUNED)
+        assert sorted(trial.user_attrs["mlflow_run_ids"]) == sorted(r.info.run_id for r in mine)
+        assert sorted(trial.intermediate_values) == list(range(0, step + 1, 2))  # base, then every validation
+        states.append(state)
+    assert sorted(states) == ["finished", "finished", "pruned"]
+
+
+@pytest.mark.slow
 def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port):
     base = mlflow_server(default_tracking_uri(str(finished_sweep)), free_port) + "/api/2.0/mlflow"
     with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=rlvr-explore") as r:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.step_log import StepLogger
 
@@ -42,3 +42,17 @@ def test_step_logger_buffers_while_the_server_is_down(tmp_path, free_port, mlflo
     history = client.get_metric_history(run_id, "rollout/reward_mean")
     assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3)]
     assert [a.path for a in client.list_artifacts(run_id, "rollouts")] == ["rollouts/step_000003.jsonl"]
+
+
+def test_experiments_are_training_kind_with_artifacts_inside_their_storage(tmp_path, monkeypatch):
+    """Two storages used from one working directory: each keeps its own artifacts, nothing lands in the cwd."""
+    monkeypatch.chdir(tmp_path)
+    for storage in ("a", "b"):
+        tracker = Tracker(default_tracking_uri(str(tmp_path / storage)), "rlvr-explore")
+        run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+        tracker.client.log_text(run_id, storage, "which.txt")
+        experiment = tracker.client.get_experiment(tracker.experiment_id)
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+        (written,) = (tmp_path / storage).rglob("which.txt")
+        assert written.read_text() == storage and written.is_relative_to(tmp_path / storage / "mlartifacts")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no mlruns/ beside them

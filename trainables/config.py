@@ -307,6 +307,9 @@ class LearnerConfig(Section):
         80.0, description="Memory of one GPU, for the --dry-run memory pre-flight of learner ranks and engines.")
 
 
+VAL_STEP = "progress/val_step"  # in every report to Tune: the RL step of the validation it carries
+
+
 class ValidationConfig(Section):
     """In-training validation: `orchestrator.evaluate`'s metrics on benchmarks, every few RL steps."""
 

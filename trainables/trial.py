@@ -44,7 +44,7 @@ from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
 from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, rng_state, saved_world_size,
                                    set_rng_state, write_manifest)
-from trainables.config import DecodingConfig, PromptConfig, TrialConfig
+from trainables.config import VAL_STEP, DecodingConfig, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
 from trainables.data.tasks import encode_prompt, train_problems
@@ -565,6 +565,8 @@ class Trial:
             stop = not last and self.stop_requested()
             # Every report carries the latest validation, so Tune's schedulers always see the objective.
             reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
+            if self.val_history:  # which step that validation is of: a searcher keys its value by it
+                reported[VAL_STEP] = self.val_history[-1][0]
             start, saved = time.perf_counter(), {}
             if last or stop or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 self.save_checkpoint(step, reported)

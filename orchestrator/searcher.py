@@ -1,0 +1,71 @@
+"""Optuna as Tune's searcher, keeping the study true to the RL run it stands for.
+
+Ray's `OptunaSearch` keys intermediate values by Tune's report count and tells a trial that a
+scheduler stopped `COMPLETE`, with its last (early) value as if final. Here intermediate values are
+keyed by the RL step of the validation they come from (step 0: the base policy), a trial stopped
+before the last step is `PRUNED`, and each Optuna trial carries the Tune trial id and the MLflow runs
+recording it, so the dashboard, the report and MLflow say the same thing about every trial.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune.search.optuna import OptunaSearch
+
+from trainables.config import VAL_STEP
+
+
+class StepOptunaSearch(OptunaSearch):
+    """`OptunaSearch` with RL-step intermediate values, `PRUNED` for stopped trials, and user attributes
+    `tune_trial_id` and `mlflow_run_ids` on every trial."""
+
+    def __init__(self, *args, steps: int, tracking: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps = steps
+        self.tracking = tracking or {}  # {"uri", "experiment", "sweep"}: where the trial's runs are
+        self._reported: dict[str, set[int]] = {}
+
+    def _setup_study(self, mode) -> None:
+        super()._setup_study(mode)
+        self._ot_study.set_metric_names(list(self.metric) if isinstance(self.metric, list) else [self.metric])
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if isinstance(self.metric, list) or trial_id in self._completed_trials or self.metric not in result:
+            return
+        reported = self._reported.setdefault(trial_id, set())
+        values = {int(result.get(VAL_STEP, result.get("progress/step", 0))): result[self.metric]}
+        if f"{self.metric}_base" in result:
+            values[0] = result[f"{self.metric}_base"]
+        for step, value in sorted(values.items()):
+            if step not in reported:
+                self._ot_trials[trial_id].report(value, step)
+                reported.add(step)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return super().on_trial_complete(trial_id, result, error)
+        ot_trial = self._ot_trials[trial_id]
+        ot_trial.set_user_attr("tune_trial_id", trial_id)
+        if run_ids := self._run_ids(trial_id):
+            ot_trial.set_user_attr("mlflow_run_ids", run_ids)
+        if not error and result and int(result.get("progress/step", 0)) < self.steps:
+            ot_trial.set_user_attr("pruned_at_step", int(result.get("progress/step", 0)))
+            self._ot_study.tell(ot_trial, state=_trial_state().PRUNED)
+            self._completed_trials.add(trial_id)
+            return None
+        return super().on_trial_complete(trial_id, result, error)
+
+    def _run_ids(self, trial_id: str) -> list[str]:
+        if not self.tracking:
+            return []
+        from orchestrator.tracking import Tracker
+
+        tracker = Tracker(self.tracking["uri"], self.tracking["experiment"], retry_waits_s=(1,))
+        return tracker.config_run_ids(self.tracking["sweep"], trial_id) or []
+
+
+def _trial_state() -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState
