@@ -45,6 +45,8 @@ class StepOptunaSearch(OptunaSearch):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return super().on_trial_complete(trial_id, result, error)
+        if result and not error:  # Tune hands the last result here, not to on_trial_result
+            self.on_trial_result(trial_id, result)
         ot_trial = self._ot_trials[trial_id]
         ot_trial.set_user_attr("tune_trial_id", trial_id)
         if run_ids := self._run_ids(trial_id):
