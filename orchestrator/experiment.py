@@ -24,7 +24,7 @@ from orchestrator.seeds import SE_KEY, SeedGroup, seed_configs, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.config import TrialConfig
+from trainables.config import VAL_STEP, TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
@@ -160,17 +160,34 @@ def make_trainable(base: dict, exp: Experiment, metric: str, seeds: int, arms: d
 
 class TrialStates(Callback):
     """Tune callback: closes each configuration's MLflow runs with its state (finished, pruned,
-    errored), and keeps `RUNNING` for the SIGTERM path.
+    errored), keeps `RUNNING` for the SIGTERM path, and prints one line when a configuration starts,
+    is validated, and ends (Tune itself runs silent: its boxes hold ~60 metrics per report).
 
     A module-level class, so that the copy Tune pickles with the experiment (and a --resume restores)
     still updates this module's `RUNNING`.
     """
 
-    def __init__(self, tracker: Tracker, sweep: str, steps: int, seeds: list[int]):
-        self.tracker, self.sweep, self.steps, self.seeds = tracker, sweep, steps, seeds
+    def __init__(self, tracker: Tracker, sweep: str, steps: int, seeds: list[int], metric: str):
+        self.tracker, self.sweep, self.steps, self.seeds, self.metric = tracker, sweep, steps, seeds, metric
+
+    def _say(self, trial, what: str) -> None:
+        console.print(f"[bold]{trial.trial_id}[/bold] {what}", highlight=False, soft_wrap=True)
+
+    def _objective(self, result: dict) -> str:
+        if self.metric not in result:
+            return ""
+        low, high = result.get(f"{self.metric}/ci_low"), result.get(f"{self.metric}/ci_high")
+        band = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        return f"{self.metric} {result[self.metric]:.3f}{band}"
 
     def on_trial_start(self, iteration, trials, trial, **info):
         RUNNING.add(trial.trial_id)
+        shown = " ".join(f"{k}={v}" for k, v in short_params(trial.config).items())
+        self._say(trial, f"started: {shown} x {len(self.seeds)} seed(s)")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result.get(VAL_STEP) == result.get("progress/step"):  # a validation step
+            self._say(trial, f"step {result['progress/step']}/{self.steps}: {self._objective(result)}")
 
     def _close(self, trial, state: str) -> None:
         from trainables.rollout.service import remove_engine_group
@@ -181,11 +198,16 @@ class TrialStates(Callback):
         self.tracker.finish_sweep_trial(self.sweep, trial.trial_id, state)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        done = (trial.last_result or {}).get("progress/step", 0) >= trial.config.get("learner.steps", self.steps)
+        result = trial.last_result or {}
+        step = int(result.get("progress/step", 0))
+        done = step >= trial.config.get("learner.steps", self.steps)
         self._close(trial, "finished" if done else "pruned")
+        self._say(trial, f"{'finished' if done else f'pruned by the scheduler at step {step}'}: "
+                         f"{self._objective(result)}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._close(trial, "errored")
+        self._say(trial, f"errored: {trial.error_file or 'see ' + str(trial.local_path)}")
 
 
 def check_resumable(uri: str, name: str, resume: bool) -> None:
@@ -233,10 +255,11 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], steps: int, 
     trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
         return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
-    tuner = tune.Tuner(trainable, tune_config=tune_config(), param_space=param_space,
-                       # verbose=1: Tune's status table, not a ~60-metric box per report (the trials print their steps)
-                       run_config=tune.RunConfig(name="tune", storage_path=exp.uri, verbose=1,
-                                                 callbacks=[TrialStates(exp.tracker, exp.name, steps, seeds)]))
+    config = tune_config()
+    states = TrialStates(exp.tracker, exp.name, steps, seeds, config.metric)
+    # verbose=0: TrialStates prints a line per event, and each trial its steps.
+    run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0, callbacks=[states])
+    tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
     return tuner.fit()
 
 
@@ -260,7 +283,7 @@ def summarize(results, metric: str, steps: int, keys: list[str]) -> list[ConfigS
     for r in results:
         m = dict(r.metrics or {})
         done = m.get("progress/step", 0) >= r.config.get("learner.steps", steps)
-        state = "errored" if r.error else ("finished" if done else "stopped early")
+        state = "errored" if r.error else ("finished" if done else "pruned")
         values = [m[k] for k in sorted((k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
                                        key=lambda k: int(k.split("/")[1]))]
         se = m.get(SE_KEY)

@@ -66,27 +66,66 @@ def history(client: MlflowClient, run, key: str) -> tuple[list[int], list[float]
 
 
 def label(run, keys: list[str]) -> str:
-    params = ", ".join(f"{k.split('.')[-1]}={run.data.params.get(k)}" for k in keys)
-    return f"{run.info.run_name}" + (f" ({params})" if params else "")
+    """A trial's legend entry: its run name when that says what differs (`tau_max=1.25 seed=1`), else the
+    name with the searched parameters to 3 significant digits."""
+    if "=" in run.info.run_name or not keys:
+        return run.info.run_name
+    params = {k.split(".")[-1]: run.data.params.get(k) for k in keys}
+    return f"{run.info.run_name} ({', '.join(f'{k}={rounded(v)}' for k, v in params.items())})"
+
+
+def rounded(value) -> str:
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def with_base(run, key: str, steps: list[int], values: list[float]) -> tuple[list[int], list[float]]:
+    """The curve with the base policy's validation (logged as `<key>_base`) as its step 0."""
+    if f"{key}_base" in run.data.metrics and 0 not in steps:
+        return [0, *steps], [run.data.metrics[f"{key}_base"], *values]
+    return steps, values
 
 
 def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], path: Path, title: str) -> bool:
-    """One panel per metric, one line per trial; False (no file) when no trial has any of them."""
+    """A panel per metric (two to a row), a line per trial: a colour per configuration, a line style per
+    seed, pruned trials dotted-and-marked; the base validation as step 0; the legend below the panels.
+    False (no file) when no trial has any of the metrics."""
     plt = pyplot()
     present = [k for k in keys if any(k in r.data.metrics for r in trials)]
     if not present:
         return False
-    fig, axes = plt.subplots(1, len(present), figsize=(4.6 * len(present), 3.6), squeeze=False)
-    for ax, key in zip(axes[0], present):
+    columns = min(2, len(present))
+    rows = -(-len(present) // columns)
+    height = 3.8 * rows
+    fig, axes = plt.subplots(rows, columns, figsize=(12.8, height), squeeze=False)
+    configs = list(dict.fromkeys(r.data.tags.get("config", r.info.run_name) for r in trials))
+    styles = ["-", "--", "-.", ":"]
+    for ax, key in zip(axes.flat, present):
+        seen: dict[str, int] = {}
         for run in trials:
-            steps, values = history(client, run, key)
-            ax.plot(steps, values, marker="." if len(steps) < 40 else None, label=label(run, searched))
-        ax.set_title(key)
+            config = run.data.tags.get("config", run.info.run_name)
+            seen[config] = seen.get(config, 0) + 1
+            steps, values = with_base(run, key, *history(client, run, key))
+            pruned = run.data.tags.get("state") == "pruned"
+            ax.plot(steps, values, color=f"C{configs.index(config) % 10}", linestyle=styles[(seen[config] - 1) % 4],
+                    marker="x" if pruned else ("." if len(steps) < 40 else None),
+                    label=label(run, searched) + (" (pruned)" if pruned else ""))
+        ax.set_title(key, fontsize=10)
         ax.set_xlabel("RL step")
+        ax.set_ylabel(key.rsplit("/", 1)[-1])
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    for ax in list(axes.flat)[len(present):]:
+        ax.set_visible(False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=7, frameon=False)
     fig.suptitle(title)
-    save(fig, path)
+    legend_inches = 0.45 + 0.16 * -(-len(labels) // 3)  # below the panels, clear of the x-axis labels
+    fig.tight_layout(rect=(0, legend_inches / (height + legend_inches), 1, 1))
+    fig.set_figheight(height + legend_inches)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return True
 
 

@@ -9,6 +9,7 @@ recording it, so the dashboard, the report and MLflow say the same thing about e
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
@@ -27,8 +28,13 @@ class StepOptunaSearch(OptunaSearch):
         self._reported: dict[str, set[int]] = {}
 
     def _setup_study(self, mode) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per study created or loaded
         super()._setup_study(mode)
-        self._ot_study.set_metric_names(list(self.metric) if isinstance(self.metric, list) else [self.metric])
+        with warnings.catch_warnings():  # set_metric_names is marked experimental since Optuna 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._ot_study.set_metric_names(list(self.metric) if isinstance(self.metric, list) else [self.metric])
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials or self.metric not in result:

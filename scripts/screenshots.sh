@@ -15,7 +15,7 @@ MLFLOW_PORT=$(free_port); OPTUNA_PORT=$(free_port)
 $PY -m mlflow ui --backend-store-uri "sqlite:///$STORAGE/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" \
   >"$OUT/mlflow.log" 2>&1 &
 MLFLOW_PID=$!
-$PY -m optuna_dashboard "sqlite:///$STORAGE/$SWEEP/optuna.db" --host 127.0.0.1 --port "$OPTUNA_PORT" \
+"$(dirname "$PY")/optuna-dashboard" "sqlite:///$STORAGE/$SWEEP/optuna.db" --host 127.0.0.1 --port "$OPTUNA_PORT" \
   >"$OUT/optuna.log" 2>&1 &
 OPTUNA_PID=$!
 trap 'kill $MLFLOW_PID $OPTUNA_PID 2>/dev/null' EXIT
@@ -31,12 +31,14 @@ print(client.get_experiment_by_name("rlvr-explore").experiment_id)
 PY
 )
 shot() {  # NAME URL
-  chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1000 \
+  chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1920,1200 \
     --virtual-time-budget=15000 --screenshot="$OUT/$1.png" "$2" >/dev/null 2>&1
   echo "$OUT/$1.png  <- $2"
 }
-shot mlflow-runs "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs"
-shot mlflow-charts "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?compareRunsMode=CHART"
+# The sweep's seed runs side by side (the parent run would fold them under itself).
+TRIALS="searchFilter=tags.sweep%20%3D%20%27$SWEEP%27%20and%20tags.kind%20%3D%20%27trial%27"
+shot mlflow-runs "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?$TRIALS"
+shot mlflow-charts "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?$TRIALS&compareRunsMode=CHART"
 shot optuna-dashboard "http://127.0.0.1:$OPTUNA_PORT/dashboard/studies/1"
 for png in "$STORAGE/$SWEEP"/report/*.png; do
   shot "report-$(basename "$png" .png)" "file://$png"
