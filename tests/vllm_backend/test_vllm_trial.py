@@ -23,7 +23,7 @@ def test_trial_trains_on_vllm_rollouts(ray_cluster, tiny_model_path, tmp_path):
     cfg = load_trial_spec("search_spaces/ead.yaml", [
         f"storage={tmp_path}", "rollout.backend=vllm", f"learner.steps={STEPS}", "learner.lr=1e-3",
         "rollout.decoding.schedule=fixed", "rollout.decoding.temperature=1.0", "validation.every=3",
-        "validation.num_prompts=16", "rollout.weight_transfer=gloo", "rollout.weight_bucket_mb=1"])
+        "validation.num_prompts=16", "validation.samples=2", "rollout.weight_transfer=gloo", "rollout.weight_bucket_mb=1"])
     final = train.run(cfg)
     assert final["progress/step"] == STEPS and final["rollout/response_length"] > 0
     tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
