@@ -10,8 +10,8 @@ recording it, so the dashboard, the report and MLflow say the same thing about e
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
+from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
 from trainables.config import VAL_STEP
@@ -59,7 +59,7 @@ class StepOptunaSearch(OptunaSearch):
             ot_trial.set_user_attr("mlflow_run_ids", run_ids)
         if not error and result and int(result.get("progress/step", 0)) < self.steps:
             ot_trial.set_user_attr("pruned_at_step", int(result.get("progress/step", 0)))
-            self._ot_study.tell(ot_trial, state=_trial_state().PRUNED)
+            self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
             self._completed_trials.add(trial_id)
             return None
         return super().on_trial_complete(trial_id, result, error)
@@ -72,8 +72,3 @@ class StepOptunaSearch(OptunaSearch):
         tracker = Tracker(self.tracking["uri"], self.tracking["experiment"], retry_waits_s=(1,))
         return tracker.config_run_ids(self.tracking["sweep"], trial_id) or []
 
-
-def _trial_state() -> Any:
-    from optuna.trial import TrialState
-
-    return TrialState
