@@ -1,0 +1,21 @@
+"""The control plane: the commands that train, sweep, study, evaluate and report, on a Ray cluster."""
+
+import os
+import sys
+
+# Lines Ray's processes print that tell a user nothing they can act on; the driver's log deduplicator
+# drops them. It reads the pattern when Ray is imported, so it is set here, before any command imports
+# Ray: Ray Train's drain watcher's note on its restart arguments, the raylet's count of worker processes
+# started (a configuration's seeds start their actors together), the placement-group cleaner after a
+# pruned trial, and transformers' weight-loading bar in every worker.
+QUIET_LINES = "|".join([
+    r"has constructor arguments in the object store and max_restarts > 0",
+    r"PYTHON worker processes have been started on node",
+    r"Ray Train controller actor \(\w+\) is dead\. Cleaning up placement group",
+    r"Loading weights: +\d+%",
+])
+os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_LINES)
+# Off a terminal (a log, CI), a progress bar writes a line every 30 s, not a carriage return per update.
+TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30"}
+if not sys.stderr.isatty():
+    os.environ.update({k: v for k, v in TQDM_OFF_TERMINAL.items() if k not in os.environ})

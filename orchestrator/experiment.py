@@ -20,7 +20,7 @@ from ray.tune import Callback
 from orchestrator.console import console
 from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
-from orchestrator.seeds import SE_KEY, SeedGroup, seed_configs, seed_name
+from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
@@ -167,8 +167,8 @@ class TrialStates(Callback):
     still updates this module's `RUNNING`.
     """
 
-    def __init__(self, tracker: Tracker, sweep: str, steps: int, seeds: list[int], metric: str):
-        self.tracker, self.sweep, self.steps, self.seeds, self.metric = tracker, sweep, steps, seeds, metric
+    def __init__(self, tracker: Tracker, sweep: str, seeds: list[int], metric: str):
+        self.tracker, self.sweep, self.seeds, self.metric = tracker, sweep, seeds, metric
 
     def _say(self, trial, what: str) -> None:
         console.print(f"[bold]{trial.trial_id}[/bold] {what}", highlight=False, soft_wrap=True)
@@ -187,7 +187,7 @@ class TrialStates(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if result.get(VAL_STEP) == result.get("progress/step"):  # a validation step
-            self._say(trial, f"step {result['progress/step']}/{self.steps}: {self._objective(result)}")
+            self._say(trial, f"step {result['progress/step']}/{result[HORIZON_KEY]}: {self._objective(result)}")
 
     def _close(self, trial, state: str) -> None:
         from trainables.rollout.service import remove_engine_group
@@ -200,7 +200,7 @@ class TrialStates(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
         step = int(result.get("progress/step", 0))
-        done = step >= trial.config.get("learner.steps", self.steps)
+        done = ran_to_end(result)
         self._close(trial, "finished" if done else "pruned")
         self._say(trial, f"{'finished' if done else f'pruned by the scheduler at step {step}'}: "
                          f"{self._objective(result)}")
@@ -241,7 +241,7 @@ def stop_when_checkpointed(exp: Experiment) -> None:
     threading.Thread(target=wait_and_exit, daemon=True).start()
 
 
-def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], steps: int, seeds: list[int], resume: bool,
+def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[int], resume: bool,
         param_space: dict | None = None):
     """Run (or with `resume` continue) the Tune experiment; its ResultGrid.
 
@@ -249,16 +249,20 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], steps: int, 
     points_to_evaluate in the Optuna study a second time, and the restored searcher would propose them again.
     """
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     # Tune saves its state (trials, searcher, scheduler) at most this often: what a killed driver loses.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    # Results as JSON and CSV (what ExperimentAnalysis reads), without TensorBoard files in Ray's temp folder.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
         return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
     config = tune_config()
-    states = TrialStates(exp.tracker, exp.name, steps, seeds, config.metric)
+    states = TrialStates(exp.tracker, exp.name, seeds, config.metric)
     # verbose=0: TrialStates prints a line per event, and each trial its steps.
-    run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0, callbacks=[states])
+    run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
+                                callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
     tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
     return tuner.fit()
 
@@ -277,13 +281,12 @@ class ConfigSummary:
     metrics: dict[str, float]
 
 
-def summarize(results, metric: str, steps: int, keys: list[str]) -> list[ConfigSummary]:
+def summarize(results, metric: str, keys: list[str]) -> list[ConfigSummary]:
     """Every configuration of a ResultGrid, in the order Tune made them."""
     out = []
     for r in results:
         m = dict(r.metrics or {})
-        done = m.get("progress/step", 0) >= r.config.get("learner.steps", steps)
-        state = "errored" if r.error else ("finished" if done else "pruned")
+        state = "errored" if r.error else ("finished" if ran_to_end(m) else "pruned")
         values = [m[k] for k in sorted((k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
                                        key=lambda k: int(k.split("/")[1]))]
         se = m.get(SE_KEY)

@@ -5,10 +5,12 @@ encoder) and its Ray Train run, and where runs are stored. `orchestrator.train`,
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
 
+from orchestrator import TQDM_OFF_TERMINAL
 from orchestrator.console import console
 from orchestrator.spec import SpecError
 from trainables.config import TrialConfig
@@ -59,13 +61,16 @@ def init_ray(num_cpus: int) -> None:
     if ray.is_initialized():
         return
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
+    env = {**WORKER_ENV, **TQDM_OFF_TERMINAL}  # a worker's output is a pipe
     address = os.environ.get("RAY_ADDRESS")  # a running cluster (infra/) when set
     if address:
-        ray.init(address=address, runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
     else:
+        # A cluster of this process, on 127.0.0.1: its token-authentication notice is for shared clusters.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # The dashboard serves the State API; without it Ray Train's placement-group cleaner warns
         # about it every few seconds.
-        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV}, include_dashboard=True,
+        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": env}, include_dashboard=True,
                  dashboard_host="127.0.0.1", log_to_driver=True)
 
 

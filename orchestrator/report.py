@@ -5,6 +5,7 @@ A folder of PNG plots and a Markdown summary of a sweep (<storage>/<name>) or on
 the sweep's (or trial's) run:
 
     curves.png              reward, accuracy, policy entropy, response length against step, per trial
+                            (smoothed, the raw per-step values faint behind)
     validation.png          val/accuracy (and a val/* objective) against step, per trial
     oger_exploration.png    OGER's exploration reward, mean and max, against step (oger* trials)
     temperature.png         each trial's decoding temperature against token position, first and last step
@@ -12,12 +13,15 @@ the sweep's (or trial's) run:
     objective.png           the objective against each searched parameter (sweeps)
     importance.png          Optuna's parameter importances (sweeps with enough finished trials)
     report.md               the tables: trials, parameters, objective, importances
+    report.html             report.md with its plots inside: what MLflow's artifact view shows
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +37,8 @@ from trainables.rollout.ead import SCHEDULES
 
 CURVES = ("rollout/reward_mean", "rollout/accuracy", "policy/entropy", "rollout/response_length")
 EAD_PARAMS = ("tau_max", "tau_min", "d0", "warmup_tokens", "time_scale")
+SMOOTHING = 0.6  # TensorBoard's default weight
+SMOOTH_FROM = 10  # points: shorter curves (validations) are drawn raw
 
 
 def pyplot():
@@ -88,9 +94,19 @@ def with_base(run, key: str, steps: list[int], values: list[float]) -> tuple[lis
     return steps, values
 
 
+def smoothed(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """TensorBoard's debiased exponential moving average: s_t = w s_(t-1) + (1 - w) x_t, shown as s_t / (1 - w^t)."""
+    out, s = [], 0.0
+    for t, x in enumerate(values, 1):
+        s = weight * s + (1 - weight) * x
+        out.append(s / (1 - weight**t))
+    return out
+
+
 def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], path: Path, title: str) -> bool:
     """A panel per metric (two to a row), a line per trial: a colour per configuration, a line style per
-    seed, pruned trials dotted-and-marked; the base validation as step 0; the legend below the panels.
+    seed, pruned trials marked x; curves of SMOOTH_FROM points or more smoothed over their faint raw
+    values; the base validation as step 0; the legend below the panels.
     False (no file) when no trial has any of the metrics."""
     plt = pyplot()
     present = [k for k in keys if any(k in r.data.metrics for r in trials)]
@@ -109,8 +125,12 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
             seen[config] = seen.get(config, 0) + 1
             steps, values = with_base(run, key, *history(client, run, key))
             pruned = run.data.tags.get("state") == "pruned"
-            ax.plot(steps, values, color=f"C{configs.index(config) % 10}", linestyle=styles[(seen[config] - 1) % 4],
-                    marker="x" if pruned else ("." if len(steps) < 40 else None),
+            color, style = f"C{configs.index(config) % 10}", styles[(seen[config] - 1) % 4]
+            if len(steps) >= SMOOTH_FROM:  # noisy per-step values: faint, under their smoothed curve
+                ax.plot(steps, values, color=color, linestyle=style, linewidth=0.7, alpha=0.25)
+                values = smoothed(values)
+            ax.plot(steps, values, color=color, linestyle=style, marker="x" if pruned else ("." if len(steps) < 40 else None),
+                    markevery=[len(steps) - 1] if pruned and len(steps) >= SMOOTH_FROM else None,
                     label=label(run, searched) + (" (pruned)" if pruned else ""))
         ax.set_title(key, fontsize=10)
         ax.set_xlabel("RL step")
@@ -278,6 +298,20 @@ def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], 
     return "\n".join(lines) + "\n"
 
 
+def html_page(text: str, folder: Path) -> str:
+    """report.md as one HTML page with its plots inline: MLflow's artifact view renders HTML (in a
+    sandboxed frame that cannot follow a relative link), and shows Markdown as plain text."""
+    from markdown import markdown as to_html
+
+    def inline(match: re.Match) -> str:
+        return f'src="data:image/png;base64,{base64.b64encode((folder / match[1]).read_bytes()).decode()}"'
+
+    body = re.sub(r'src="([\w.-]+\.png)"', inline, to_html(text, extensions=["tables"]))
+    style = ("body{font-family:sans-serif;max-width:1300px;margin:auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:100%}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head><body>{body}</body></html>\n"
+
+
 def sweep_table(client: MlflowClient, anchor) -> str | None:
     """The sweep's table of configurations and its verdict, as the sweep logged them (None before it ends)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -324,8 +358,9 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     elif sweep:
         notes.append("parameter importance needs at least two finished trials with different settings")
     configurations = sweep_table(client, anchor) if sweep else None
-    (report / "report.md").write_text(markdown(title, trials, searched, shown, images, importance, notes,
-                                               configurations))
+    text = markdown(title, trials, searched, shown, images, importance, notes, configurations)
+    (report / "report.md").write_text(text)
+    (report / "report.html").write_text(html_page(text, report))
     client.log_artifacts(anchor.info.run_id, str(report), "report")
     console.print(f"report: {report / 'report.md'} ({len(images)} plots; also in MLflow run {anchor.info.run_id})")
     return report

@@ -14,16 +14,16 @@ import warnings
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
+from orchestrator.seeds import ran_to_end
 from trainables.config import VAL_STEP
 
 
 class StepOptunaSearch(OptunaSearch):
-    """`OptunaSearch` with RL-step intermediate values, `PRUNED` for stopped trials, and user attributes
-    `tune_trial_id` and `mlflow_run_ids` on every trial."""
+    """`OptunaSearch` with RL-step intermediate values, `PRUNED` for stopped trials, `FAIL` for errored
+    ones, and user attributes `tune_trial_id` and `mlflow_run_ids` on every trial."""
 
-    def __init__(self, *args, steps: int, tracking: dict[str, str] | None = None, **kwargs):
+    def __init__(self, *args, tracking: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.steps = steps
         self.tracking = tracking or {}  # {"uri", "experiment", "sweep"}: where the trial's runs are
         self._reported: dict[str, set[int]] = {}
 
@@ -57,9 +57,10 @@ class StepOptunaSearch(OptunaSearch):
         ot_trial.set_user_attr("tune_trial_id", trial_id)
         if run_ids := self._run_ids(trial_id):
             ot_trial.set_user_attr("mlflow_run_ids", run_ids)
-        if not error and result and int(result.get("progress/step", 0)) < self.steps:
-            ot_trial.set_user_attr("pruned_at_step", int(result.get("progress/step", 0)))
-            self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
+        if error or (result and not ran_to_end(result)):
+            if not error:
+                ot_trial.set_user_attr("pruned_at_step", int(result.get("progress/step", 0)))
+            self._ot_study.tell(ot_trial, state=TrialState.FAIL if error else TrialState.PRUNED)
             self._completed_trials.add(trial_id)
             return None
         return super().on_trial_complete(trial_id, result, error)

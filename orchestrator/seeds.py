@@ -29,7 +29,13 @@ from orchestrator.stats import seed_interval
 from trainables.config import TrialConfig
 
 SE_KEY = "val/accuracy_se"  # the objective's own standard error, reported with val/accuracy
+HORIZON_KEY = "progress/steps"  # a configuration's last RL step, in each of its reports
 POLL_S = 1.0
+
+
+def ran_to_end(result: dict) -> bool:
+    """Whether a configuration's (last) report is from its last RL step: finished, not pruned or stopped."""
+    return result.get("progress/step", 0) >= result.get(HORIZON_KEY, math.inf)
 
 
 def seed_name(config_id: str, seed: int) -> str:
@@ -131,4 +137,5 @@ class SeedGroup:
                 else:
                     return  # this seed has not reached the step yet
             self.reported = step
-            self.report({**group_metrics(reports, self.metric), "progress/step": step})
+            self.report({**group_metrics(reports, self.metric), "progress/step": step,
+                         HORIZON_KEY: self.cfgs[0].learner.steps})

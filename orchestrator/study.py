@@ -129,7 +129,7 @@ def run(spec: str, args) -> int:
     def tune_config():
         return tune.TuneConfig(metric=study.metric, mode=study.mode, max_concurrent_trials=study.max_concurrent)
 
-    experiment.fit(exp, trainable, tune_config, base_cfg.learner.steps, seeds, args.resume,
+    experiment.fit(exp, trainable, tune_config, seeds, args.resume,
                    param_space={"arm": tune.grid_search(list(study.arms))})
     result = collect(exp, study)
     write(result, exp.folder)

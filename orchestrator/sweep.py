@@ -59,7 +59,7 @@ def objectives(search: SearchConfig) -> tuple[str | list[str], str | list[str]]:
     return search.metric, search.mode
 
 
-def make_searcher(search: SearchConfig, exp: Experiment, steps: int):
+def make_searcher(search: SearchConfig, exp: Experiment):
     import optuna
 
     from orchestrator.searcher import StepOptunaSearch
@@ -69,7 +69,7 @@ def make_searcher(search: SearchConfig, exp: Experiment, steps: int):
     storage = optuna.storages.RDBStorage(f"sqlite:///{exp.folder / 'optuna.db'}")
     tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
     return StepOptunaSearch(space, metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=search.seed),
-                            study_name=exp.name, storage=storage, steps=steps, tracking=tracking,
+                            study_name=exp.name, storage=storage, tracking=tracking,
                             points_to_evaluate=[p for p in search.points_to_evaluate if p] or None)
 
 
@@ -161,12 +161,12 @@ def run(spec: str, args) -> int:
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
     trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
     def tune_config():
-        return tune.TuneConfig(search_alg=make_searcher(search, exp, steps), scheduler=make_scheduler(search, steps),
+        return tune.TuneConfig(search_alg=make_searcher(search, exp), scheduler=make_scheduler(search, steps),
                                metric=search.metric, mode=search.mode, num_samples=search.num_samples,
                                max_concurrent_trials=search.max_concurrent_trials)
 
-    results = experiment.fit(exp, trainable, tune_config, steps, seed_list(base_cfg, search.seeds), args.resume)
-    report(results, search, exp, base, fixed, steps)
+    results = experiment.fit(exp, trainable, tune_config, seed_list(base_cfg, search.seeds), args.resume)
+    report(results, search, exp, base, fixed)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
     console.print(f"MLflow: mlflow ui --backend-store-uri {exp.tracking_uri} --host 127.0.0.1")
     return 0
@@ -180,11 +180,11 @@ def is_baseline(summary: ConfigSummary, baseline: dict[str, Any] | None) -> bool
     return baseline is not None and all(summary.params.get(k) == v for k, v in baseline.items())
 
 
-def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: dict, steps: int) -> dict:
+def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: dict) -> dict:
     """Print the ranked configurations and the verdict against the baseline; write the best one's spec;
     close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
-    summaries = experiment.summarize(results, search.metric, steps, keys)
+    summaries = experiment.summarize(results, search.metric, keys)
     console.print(ranked_table(summaries, search, keys))
     console.print(experiment.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
     scored = [s for s in summaries if s.interval is not None]

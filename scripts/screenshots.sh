@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a researcher sees of a finished sweep, as headless Chromium renders it: the MLflow UI's run
-# table and chart view, the Optuna dashboard, and the report's plots. PNGs go to OUT; look at them.
+# table, chart view and report, the Optuna dashboard, and the report's plots. PNGs go to OUT; look at them.
 #   scripts/screenshots.sh [STORAGE=runs] [SWEEP=ead] [OUT=screenshots]
 # Needs Debian's chromium (apt-get install chromium) and the `ui` extra (installed here if missing).
 set -euo pipefail
@@ -23,11 +23,13 @@ for port in "$MLFLOW_PORT" "$OPTUNA_PORT"; do
   for _ in $(seq 60); do curl -sf "http://127.0.0.1:$port/" >/dev/null && break; sleep 1; done
 done
 
-EXPERIMENT=$($PY - "$STORAGE" <<'PY'
+read -r EXPERIMENT PARENT < <($PY - "$STORAGE" "$SWEEP" <<'PY'
 import sys
 from mlflow.tracking import MlflowClient
 client = MlflowClient(f"sqlite:///{sys.argv[1]}/mlflow.db")
-print(client.get_experiment_by_name("rlvr-explore").experiment_id)
+experiment = client.get_experiment_by_name("rlvr-explore").experiment_id
+(parent, *_) = client.search_runs([experiment], f"tags.kind = 'sweep' and tags.sweep = '{sys.argv[2]}'")
+print(experiment, parent.info.run_id)
 PY
 )
 shot() {  # NAME URL
@@ -39,6 +41,8 @@ shot() {  # NAME URL
 TRIALS="searchFilter=tags.sweep%20%3D%20%27$SWEEP%27%20and%20tags.kind%20%3D%20%27trial%27"
 shot mlflow-runs "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?$TRIALS"
 shot mlflow-charts "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?$TRIALS&compareRunsMode=CHART"
+# The report as MLflow shows it: report.html, its plots inline, in the sweep's run's artifact view.
+shot mlflow-report "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs/$PARENT/artifacts/report/report.html"
 shot optuna-dashboard "http://127.0.0.1:$OPTUNA_PORT/dashboard/studies/1"
 for png in "$STORAGE/$SWEEP"/report/*.png; do
   shot "report-$(basename "$png" .png)" "file://$png"

@@ -47,6 +47,31 @@ def test_bad_search_spec_is_one_line_naming_the_key(tmp_path, search, expected):
     assert len(message.splitlines()) == 1 and expected in message, message
 
 
+def test_optuna_state_is_the_trials_end():
+    """A configuration that ran to its last step is COMPLETE with its final value, one stopped short of it
+    PRUNED with the step it stopped at, an errored one FAIL; intermediate values sit at RL steps."""
+    from orchestrator.searcher import StepOptunaSearch
+
+    searcher = StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
+                                mode="max")
+    at = {"finished": 30, "pruned": 10, "errored": 20}
+    for trial_id, step in at.items():
+        searcher.suggest(trial_id)
+        for s in range(10, step + 1, 10):
+            result = {"val/accuracy": s / 100, "val/accuracy_base": 0.05, "progress/step": s,
+                      "progress/val_step": s, "progress/steps": 30}
+            if s < step:
+                searcher.on_trial_result(trial_id, result)
+        searcher.on_trial_complete(trial_id, None if trial_id == "errored" else result, error=trial_id == "errored")
+    trials = {t.user_attrs["tune_trial_id"]: t for t in searcher._ot_study.get_trials()}
+    assert {k: t.state for k, t in trials.items()} == {
+        "finished": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED,
+        "errored": optuna.trial.TrialState.FAIL}
+    assert trials["finished"].value == 0.30 and trials["finished"].intermediate_values == {0: 0.05, 10: 0.1, 20: 0.2, 30: 0.3}
+    assert trials["pruned"].user_attrs["pruned_at_step"] == 10 and trials["pruned"].intermediate_values == {0: 0.05, 10: 0.1}
+    assert trials["errored"].intermediate_values == {0: 0.05, 10: 0.1}
+
+
 def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator.sweep", "search_spaces/ead.yaml", "--dry-run",
                           "--storage", str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -214,6 +239,11 @@ def assert_png(path) -> None:
         assert image.format == "PNG" and image.size[0] > 100
 
 
+def test_smoothing_is_tensorboards_debiased_average():
+    assert report.smoothed([0.4] * 6) == pytest.approx([0.4] * 6)  # no pull towards the zero start
+    assert report.smoothed([0.0, 1.0, 1.0], weight=0.5) == pytest.approx([0.0, 0.5 / 0.75, 0.75 / 0.875])
+
+
 @pytest.mark.slow
 def test_report_of_the_sweep(finished_sweep):
     assert report.main([str(finished_sweep / "asha")]) == 0
@@ -228,4 +258,7 @@ def test_report_of_the_sweep(finished_sweep):
     tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
     (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     logged = [a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")]
-    assert "report/report.md" in logged and "report/curves.png" in logged
+    assert {"report/report.md", "report/report.html", "report/curves.png"} <= set(logged)
+    page = (folder / "report.html").read_text()  # what MLflow's artifact view shows: tables and every plot inside
+    assert "<table>" in page and page.count('src="data:image/png;base64,') == summary.count("](") > 3
+    assert 'src="curves.png"' not in page

@@ -56,7 +56,7 @@ from trainables.losses import tis_weights
 from trainables.rewards.verify import REASONS
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.push import weight_push
-from trainables.rollout.service import StaleWeightsError
+from trainables.rollout.service import StaleWeightsError, engines_removed
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import WeightGroupError
 from trainables.step_log import StepLogger
@@ -66,6 +66,10 @@ SERVICE_RESTART_TIMEOUT_S = 300
 SERVICE_RETRY_PAUSE_S = 2.0  # a restarting actor refuses calls at once (ActorUnavailableError): wait, then push
 VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)
 LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
+
+
+class TrialStopped(RuntimeError):
+    """The trial was stopped from outside (its rollout engines removed): not a fault to retry."""
 
 
 class CheckpointError(RuntimeError):
@@ -203,6 +207,7 @@ class Trial:
                     self.push_weights(state, self.weight_version)
                     break
                 except (ray.exceptions.RayActorError, WeightGroupError) as e:  # dead or restarting
+                    self.stop_if_engines_removed()
                     self.service_losses += 1
                     if time.monotonic() > deadline:
                         raise
@@ -211,6 +216,11 @@ class Trial:
                     time.sleep(SERVICE_RETRY_PAUSE_S)  # a restarting actor refuses calls at once
         if dist.is_initialized():
             dist.barrier()  # no rank generates before the new weights are in
+
+    def stop_if_engines_removed(self) -> None:
+        """A trial whose sweep stopped it (its engines' group removed) ends here, saying nothing of a fault."""
+        if engines_removed(self.cfg.rollout, self.cfg.name):
+            raise TrialStopped(f"trial {self.cfg.name}: its rollout engines were removed (the sweep stopped it)")
 
     def release_gpus(self) -> None:
         """Colocated engine: once every rank has its rollouts, it sleeps and frees the GPUs for the
@@ -237,6 +247,7 @@ class Trial:
                     error = e
             if reduce_max(float(rollouts is None)) == 0:
                 return rollouts
+            self.stop_if_engines_removed()
             if self.rank == 0:
                 self.service_losses += 1
                 cause = type(error).__name__ if error else "on another rank"

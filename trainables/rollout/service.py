@@ -136,6 +136,20 @@ def engine_group_name(trial: str) -> str:
     return f"rollout-engines-{trial}"
 
 
+def engines_removed(cfg: RolloutConfig, trial: str) -> bool:
+    """Whether the trial's engines were taken away on purpose: their placement group is gone (the sweep
+    driver removes it when Tune stops the trial), so Ray will not bring them back."""
+    from ray.util import get_placement_group
+
+    if not engine_bundle(cfg):
+        return False  # engines outside a group: a loss is a fault, and Ray restarts them
+    try:
+        get_placement_group(engine_group_name(trial))
+    except ValueError:  # no group of that name
+        return True
+    return False
+
+
 def remove_engine_group(trial: str) -> None:
     """Remove a trial's engine placement group if it is still there. A placement group lives as long
     as the job, not as its creator: a trial that Tune stops (ASHA) dies without its `finally`, and
