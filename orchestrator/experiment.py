@@ -18,13 +18,14 @@ from typing import Any
 from ray.tune import Callback
 
 from orchestrator.console import console
+from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
 from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.config import VAL_STEP, TrialConfig
+from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
@@ -50,8 +51,14 @@ class Experiment:
 
 
 def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking_uri: str | None, spec: str,
-          params: dict, resume: bool, cpus_per_trial: int) -> Experiment:
+          params: dict, resume: bool, seeds: int, cpus_per_trial: int) -> Experiment:
     """Check the name is free (or resumable), open the parent MLflow run, start Ray, arm SIGTERM."""
+    check_name(name, "name")
+    check_folder_path(storage, "storage")
+    if tracking_uri is not None:
+        check_tracking_uri(tracking_uri, "--tracking-uri")
+    if base_cfg.seed + seeds - 1 > SEED_MAX:
+        raise SpecError(f"seed: {base_cfg.seed} with {seeds} seeds passes {SEED_MAX}, the largest seed")
     uri = f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage_uri(storage)) / name)
     # The Optuna study and the summaries stay on a local disk when the experiment lives in a bucket.
     folder = Path(uri) if "://" not in storage else Path(".cache") / f"{kind}s" / name
@@ -71,6 +78,11 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
+
+
+def given(flag: str | None, default: str) -> str:
+    """A flag's value when it was given (even empty, which the checks then refuse), else the spec's."""
+    return default if flag is None else flag
 
 
 def parser(prog: str, doc: str, kind: str, example: str, count: str):

@@ -25,11 +25,13 @@ from trainables.config import (
     LoggingConfig,
     ModelConfig,
     RolloutConfig,
+    Seed,
     TaskConfig,
     TinyModelConfig,
     TrialConfig,
     ValidationConfig,
 )
+from orchestrator.inputs import SpecError, check_trial_inputs
 from orchestrator.preflight import memory_report
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
 from trainables.rollout.ead import ead_decay
@@ -54,10 +56,6 @@ __all__ = [
     "load_trial_spec",
     "parse_overrides",
 ]
-
-
-class SpecError(ValueError):
-    """A spec that cannot run; the message is one line per problem, each naming the key."""
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:
@@ -87,7 +85,10 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set rollout.n=4")
-        parsed[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            parsed[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            raise SpecError(f"--set {key.strip()}: {raw!r} is not a YAML value ({getattr(e, 'problem', e)})") from None
     return parsed
 
 
@@ -120,7 +121,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); a spec is a YAML file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -140,6 +143,7 @@ def validate_trial(data: dict[str, Any], source: str, check_files: bool = True) 
     check_metric(trial, trial.checkpoint.keep_best_by, f"{source}: checkpoint.keep_best_by")
     if check_files:
         check_benchmark_files(trial, source)
+        check_trial_inputs(trial, source)
     return trial
 
 
@@ -191,7 +195,7 @@ DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "value")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # every float finite
 
 
 class Distribution(Section):
@@ -219,6 +223,14 @@ class Distribution(Section):
     def kind(self) -> str:
         return next(k for k in DISTRIBUTIONS if getattr(self, k) is not None)
 
+    def contains(self, value: Any) -> bool:
+        """Whether `value` is a point of this distribution."""
+        if self.kind in ("uniform", "loguniform", "int"):
+            low, high = getattr(self, self.kind)
+            number = isinstance(value, (builtins.int, float)) and not isinstance(value, bool)
+            return number and low <= value <= high and (self.kind != "int" or float(value).is_integer())
+        return value in self.choice if self.kind == "choice" else value == self.value
+
     def candidates(self) -> list[Any]:
         """Values that must each make a valid trial (bounds, choices, the fixed value)."""
         if self.kind in ("uniform", "loguniform", "int"):
@@ -242,7 +254,7 @@ class SearchConfig(Section):
     second_mode: Literal["max", "min"] = Field("max")
     num_samples: PositiveInt = Field(4, description="Trials.")
     max_concurrent_trials: int = Field(1, description="Trials running at once (each is a Ray Train group).")
-    seed: int = Field(0, description="Seeds Optuna's TPE sampler.")
+    seed: Seed = Field(0, description="Seeds Optuna's TPE sampler.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list,
                                                      description="Settings tried first (e.g. the papers').")
@@ -265,6 +277,13 @@ class SearchConfig(Section):
                 raise ValueError(f"baseline: {unknown} not in space; name searched fields only")
             if self.baseline not in self.points_to_evaluate:
                 self.points_to_evaluate.insert(0, dict(self.baseline))
+        for i, point in enumerate(self.points_to_evaluate):
+            if unknown := sorted(set(point) - set(self.space)):
+                raise ValueError(f"points_to_evaluate[{i}]: {unknown} not in space; name searched fields only")
+            for key, value in point.items():
+                if not self.space[key].contains(value):
+                    raise ValueError(f"points_to_evaluate[{i}]: {key} = {value!r} is outside its space "
+                                     f"{self.space[key].model_dump(exclude_none=True)}")
         if not self.space:
             raise ValueError("space is empty: name at least one trial field, e.g. rollout.decoding.ead.tau_max")
         if self.max_concurrent_trials < 1:

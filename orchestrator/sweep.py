@@ -148,9 +148,10 @@ def run(spec: str, args) -> int:
     if args.dry_run:
         dry_run(search, base, fixed)
         return 0
-    exp = experiment.start("sweep", args.name or base_cfg.name, args.storage or base_cfg.storage, base_cfg,
+    exp = experiment.start("sweep", experiment.given(args.name, base_cfg.name),
+                           experiment.given(args.storage, base_cfg.storage), base_cfg,
                            tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
-                           resume=args.resume,
+                           resume=args.resume, seeds=search.seeds,
                            cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if bool(args.spec) == bool(args.best_of):
             raise SpecError("give a spec or --best-of SWEEP_DIR (one of them)")
-        overrides = [*([f"learner.steps={args.steps}"] if args.steps else []), *args.overrides]  # --set wins
+        overrides = [*([f"learner.steps={args.steps}"] if args.steps is not None else []), *args.overrides]  # --set wins
         check_files = not args.dry_run
         cfg = (best_of(args.best_of, overrides, check_files) if args.best_of
                else load_trial_spec(args.spec, overrides, check_files))

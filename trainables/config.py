@@ -6,10 +6,11 @@ validated `TrialConfig` (or the sub-config it needs) and never reads files or th
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import TEACHERS
@@ -24,18 +25,35 @@ TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
 TISLevel = Literal[tuple(TIS_LEVELS)]  # type: ignore[valid-type]
 MODEL_PRESETS = ("tiny", "smollm2-135m-instruct")  # policies built on first use (trainables/data/)
 METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
+SEED_MAX = 2**31 - 1  # what every generator seeded from a trial's seed accepts (NumPy, torch, vLLM)
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}")
+
+
+def one_path_component(name: str) -> str:
+    """A run, sweep or study name: it becomes a folder, so one path component of plain characters."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"must be one folder name: up to 128 letters, digits and . _ - = +, starting with a "
+                         f"letter or digit (got {name!r})")
+    return name
+
+
+# Value classes: each field of the kind takes one of these, so a new field cannot forget its range.
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+Temperature = Annotated[float, Field(ge=0.01, le=100.0)]  # below 0.01 sampling is argmax with overflow risk
+LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
+Name = Annotated[str, AfterValidator(one_path_component)]
 
 
 class Section(BaseModel):
     """A spec section: unknown keys are errors, assignments are re-validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every float finite
 
 
 class TinyModelConfig(Section):
     """The embedded default policy: a tiny Qwen2 built, warm-started and cached on first use."""
 
-    seed: int = Field(0, description="Seeds tokenizer corpus, initial weights and warm start.")
+    seed: Seed = Field(0, description="Seeds tokenizer corpus, initial weights and warm start.")
     hidden_size: PositiveInt = Field(128, description="Width of the tiny Qwen2.")
     num_layers: PositiveInt = Field(4, description="Decoder layers.")
     num_heads: PositiveInt = Field(4, description="Attention heads.")
@@ -46,7 +64,7 @@ class TinyModelConfig(Section):
     sft_examples: PositiveInt = Field(300, description="Problems in the warm-start set.")
     sft_steps: PositiveInt = Field(400, description="Optimizer steps of the warm start.")
     sft_batch_size: PositiveInt = Field(32, description="Sequences per warm-start step.")
-    sft_lr: PositiveFloat = Field(3e-3, description="Warm-start peak learning rate.")
+    sft_lr: LearningRate = Field(3e-3, description="Warm-start peak learning rate.")
     sft_unboxed_rate: float = Field(
         0.5, ge=0.0, lt=1.0,
         description="Share of warm-start solutions whose final answer is written plainly instead of in "
@@ -95,18 +113,22 @@ class TaskConfig(Section):
     levels: list[int] = Field([1, 2], description="Difficulty levels of train and validation problems.")
     train_size: PositiveInt = Field(2000, description="Training problems (offline_prompts: the first ones).")
     val_size: PositiveInt = Field(64, description="Held-out validation problems.")
-    seed: int | None = Field(
+    seed: Seed | None = Field(
         None, description="Seeds the built-in task's problems and their train/validation split (and GPQA's "
         "option shuffle); null: the trial's seed. A sweep's or study's seeds keep it at the spec's seed, so "
         "every seed trains and validates on the same problems.")
 
     @model_validator(mode="after")
     def _known_levels(self) -> TaskConfig:
-        from trainables.data.arithmetic import LEVELS
+        from trainables.data.arithmetic import LEVEL_SPACE, LEVELS
 
         unknown = sorted(set(self.levels) - set(LEVELS))
         if not self.levels or unknown:
             raise ValueError(f"levels must be a non-empty list from {sorted(LEVELS)} (unknown: {unknown})")
+        capacity = sum(LEVEL_SPACE[level] for level in set(self.levels))
+        if self.name == "arithmetic" and self.train_size + self.val_size > capacity:
+            raise ValueError(f"train_size + val_size ({self.train_size} + {self.val_size}) exceeds the {capacity} "
+                             f"distinct questions of levels {sorted(set(self.levels))}; lower them or add levels")
         return self
 
 
@@ -144,10 +166,10 @@ class PromptConfig(Section):
 class EADConfig(Section):
     """Exploratory Annealed Decoding: tau_t = max(1 + tau_max - exp(t / (S d_s)), tau_min)."""
 
-    tau_max: PositiveFloat = Field(
+    tau_max: Temperature = Field(
         1.2, description="Sets the peak: the temperature at t = c (the first annealed token) is "
         "1 + tau_max - exp(c / (S d_s)), just under tau_max (1.18 with the recipe's defaults at s = 1).")
-    tau_min: PositiveFloat = Field(0.1, description="Temperature floor.")
+    tau_min: Temperature = Field(0.1, description="Temperature floor.")
     d0: PositiveFloat = Field(25.0, description="Initial decay d_0; d_s = min(d0 + 5 s, 40000).")
     warmup_tokens: int = Field(10, ge=0, description="First c tokens decoded at temperature 1.")
     time_scale: PositiveFloat = Field(20.0, description="S of the official code (the paper has none).")
@@ -161,7 +183,7 @@ class EADConfig(Section):
 
 class DecodingConfig(Section):
     schedule: Literal["ead", "fixed"] = Field("ead", description="Per-token temperature schedule.")
-    temperature: PositiveFloat = Field(1.0, description="The constant of the fixed schedule.")
+    temperature: Temperature = Field(1.0, description="The constant of the fixed schedule.")
     ead: EADConfig = Field(default_factory=EADConfig)
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
 
@@ -290,7 +312,7 @@ class LearnerConfig(Section):
     prompts_per_step: PositiveInt = Field(8, description="Prompts per RL step, over all ranks.")
     minibatches: PositiveInt = Field(1, description="Optimizer steps per RL step.")
     micro_batch_size: PositiveInt = Field(16, description="Sequences per forward/backward on a rank.")
-    lr: PositiveFloat = Field(1e-4, description="AdamW learning rate.")
+    lr: LearningRate = Field(1e-4, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
     grad_clip: PositiveFloat | None = Field(1.0, description="Gradient-norm clip; null: off.")
@@ -410,8 +432,8 @@ class LoggingConfig(Section):
 class TrialConfig(Section):
     """One trial: everything a Ray Train run of the RL loop needs."""
 
-    name: str = Field("trial", description="Run name; also the folder under storage.")
-    seed: int = Field(0, description="Seeds data, model bootstrap, sampling and the learner.")
+    name: Name = Field("trial", description="Run name; also the folder under storage.")
+    seed: Seed = Field(0, description="Seeds data, model bootstrap, sampling and the learner.")
     storage: str = Field("runs", description="Folder or URI (s3://, gs://) holding runs and checkpoints.")
     cache_dir: str = Field(".cache", description="Where built models are cached, keyed by their config.")
     model: ModelConfig = Field(default_factory=ModelConfig)

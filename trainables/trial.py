@@ -65,7 +65,12 @@ SERVICE_RETRIES = 3  # rollout-service losses survived within one call before th
 SERVICE_RESTART_TIMEOUT_S = 300
 SERVICE_RETRY_PAUSE_S = 2.0  # a restarting actor refuses calls at once (ActorUnavailableError): wait, then push
 VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)
+WATCHED = ("policy/grad_norm", "policy/entropy", "policy/kl", "rollout/reward_mean")  # finite at every step
 LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
+
+
+class NonFiniteError(RuntimeError):
+    """The update's gradient norm or the policy's statistics stopped being finite: the trial stops."""
 
 
 class TrialStopped(RuntimeError):
@@ -555,8 +560,14 @@ class Trial:
                 self.val_history.append((0, self.validate(0)))  # the base policy, before any update
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
             self.log(-1, {**self.base_val, "timing/validate": t["validate"]})
+        last_finite: dict[str, float] = {}
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
+            if bad := sorted(k for k in WATCHED if not math.isfinite(metrics[k])):
+                raise NonFiniteError(f"trial {cfg.name}: step {step + 1}: {', '.join(bad)} not finite; the last "
+                                     f"finite step's: {last_finite or 'none (the first step)'}; lower learner.lr or "
+                                     "check the data")
+            last_finite = {k: round(metrics[k], 6) for k in ("progress/step", *WATCHED)}
             self.last_step_seconds = metrics["timing/step"]
             last = step == cfg.learner.steps - 1
             validated = bool(every) and ((step + 1) % every == 0 or last)

@@ -1,0 +1,169 @@
+"""Bad input, by kind, is stopped at the edge: exit code 2, one line naming the key (or flag) and the
+file, no traceback, and nothing started. Each kind is tried on several inputs."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from orchestrator import experiment, study, sweep, train
+
+EAD = "search_spaces/ead.yaml"
+
+
+@pytest.fixture(autouse=True)
+def nothing_starts(monkeypatch):
+    """An input that passes the checks would start Ray: fail at once instead."""
+    def started(*args, **kwargs):
+        raise AssertionError("the input was accepted: Ray was about to start")
+
+    monkeypatch.setattr(train, "run", started)
+    monkeypatch.setattr(experiment, "init_ray", started)
+    monkeypatch.setattr(experiment.Tracker, "start_sweep_run", started)
+
+
+def refused(capsys, main, args: list[str], *named: str) -> str:
+    assert main(args) == 2
+    out = capsys.readouterr()
+    lines = [line for line in out.out.splitlines() if line.strip()]
+    assert len(lines) == 1, out.out
+    assert "Traceback" not in out.out + out.err
+    for name in named:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+def train_with(capsys, tmp_path, *sets: str, named: tuple[str, ...], spec: str = EAD) -> str:
+    args = [spec, "--set", f"storage={tmp_path / 'runs'}", "--set", f"cache_dir={tmp_path / 'cache'}"]
+    for item in sets:
+        args += ["--set", item]
+    return refused(capsys, train.main, args, *named)
+
+
+@pytest.mark.parametrize("item, key", [
+    ("learner.lr=.inf", "learner.lr"), ("learner.lr=.nan", "learner.lr"),
+    ("algorithm.entropy_coef=.nan", "algorithm.entropy_coef"),
+    ("rollout.decoding.ead.tau_max=-.inf", "rollout.decoding.ead.tau_max"),
+    ("rollout.tis_cap=.inf", "rollout.tis_cap"), ("offline.wrong_rate=.nan", "offline.wrong_rate"),
+])
+def test_non_finite_numbers(capsys, tmp_path, item, key):
+    train_with(capsys, tmp_path, item, named=(key,))
+
+
+@pytest.mark.parametrize("item, key", [
+    ("rollout.decoding.ead.tau_min=1e-9", "tau_min"), ("validation.decoding.temperature=0.0001", "temperature"),
+    ("seed=-1", "seed"), ("seed=4294967296", "seed"), ("model.tiny.seed=-5", "model.tiny.seed"),
+    ("learner.lr=5.0", "learner.lr"), ("learner.steps=0", "learner.steps"), ("task.seed=-2", "task.seed"),
+])
+def test_absurd_numbers(capsys, tmp_path, item, key):
+    train_with(capsys, tmp_path, item, named=(key,))
+
+
+def test_zero_steps_flag(capsys, tmp_path):
+    refused(capsys, train.main, [EAD, "--steps", "0", "--set", f"storage={tmp_path}"], "learner.steps")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "", ".", "..", "x" * 200, "with space", "~home", "nul\x00"])
+def test_names_are_one_path_component(capsys, tmp_path, name):
+    train_with(capsys, tmp_path, f"name={json.dumps(name)}", named=("name",))
+    refused(capsys, sweep.main, [EAD, "--name", name, "--storage", str(tmp_path)], "name")
+
+
+@pytest.mark.parametrize("sets, key", [
+    (("task.train_size=1000",), "task"),
+    (("task.levels=[1]", "task.train_size=390", "task.val_size=20"), "task"),
+    (("validation.num_prompts=400",), "validation.num_prompts"),
+])
+def test_sizes_the_task_cannot_meet(capsys, tmp_path, sets, key):
+    train_with(capsys, tmp_path, *sets, named=(key,))
+
+
+@pytest.mark.parametrize("point, named", [
+    ("{rollout.decoding.ead.tau_maxx: 1.2}", ("points_to_evaluate[1]", "tau_maxx")),
+    ("{rollout.decoding.ead.tau_max: 9.0}", ("points_to_evaluate[1]", "outside")),
+    ("{rollout.decoding.ead.d0: -1}", ("points_to_evaluate[1]", "d0")),
+    ("{rollout.decoding.ead.tau_max: high}", ("points_to_evaluate[1]", "tau_max")),
+])
+def test_points_outside_the_space(capsys, tmp_path, point, named):
+    baseline = "    - {rollout.decoding.ead.tau_max: 1.2, rollout.decoding.ead.d0: 25}\n"
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(open(EAD).read().replace(baseline, f"{baseline}    - {point}\n"))
+    refused(capsys, sweep.main, [str(spec), "--storage", str(tmp_path)], *named)
+
+
+def safetensors(path, declared_end: int, actual: int) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [declared_end // 4], "data_offsets": [0, declared_end]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * actual)
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda d: None, "not a folder"),
+    (lambda d: d.mkdir(), "config.json"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text("{not json")), "unreadable"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text("{}")), "no weights"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text("{}"), safetensors(d / "model.safetensors", 4096, 100)),
+     "truncated"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text("{}"), (d / "model.safetensors").write_bytes(b"")),
+     "model.safetensors"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text("{}"), safetensors(d / "model.safetensors", 16, 16)),
+     "tokenizer"),
+])
+def test_model_folders_that_are_not_whole(capsys, tmp_path, make, expected):
+    folder = tmp_path / "model"
+    make(folder)
+    train_with(capsys, tmp_path, f"model.path={folder}", named=("model.path", expected))
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "no usable row"),
+    (b"\xff\xfe\x00garbage\n", "utf-8"),
+    (b'{"prompt": "1+1", "nothing": "else"}\n', "no usable row"),
+    (b"not json at all\n", "no usable row"),
+])
+def test_offline_files_that_yield_nothing(capsys, tmp_path, content, expected):
+    data = tmp_path / "teachers.jsonl"
+    data.write_bytes(content)
+    line = train_with(capsys, tmp_path, f"offline.files=[{{path: {data}}}]", named=("offline.files[0].path",),
+                      spec="search_spaces/oger.yaml")
+    assert str(data) in line and expected in line.lower()
+
+
+def test_offline_file_missing_or_of_unknown_kind(capsys, tmp_path):
+    for path in (tmp_path / "absent.jsonl", tmp_path / "teachers.csv"):
+        train_with(capsys, tmp_path, f"offline.files=[{{path: {path}}}]", named=("offline.files[0].path", path.name),
+                   spec="search_spaces/oger.yaml")
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"rollout: [unclosed\n", "not valid YAML"), (b"\xff\xfe\xfa\n", "not UTF-8"), (b"- a list\n", "mapping"),
+])
+def test_specs_that_are_not_yaml_mappings(capsys, tmp_path, content, expected):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(content)
+    refused(capsys, train.main, [str(spec)], str(spec), expected)
+    refused(capsys, sweep.main, [str(spec)], str(spec))
+    refused(capsys, study.main, [str(spec)], str(spec))
+
+
+@pytest.mark.parametrize("item", ["learner.lr=[1, 2", "rollout.group_size={a: ", "seed=@x"])
+def test_set_values_that_are_not_yaml(capsys, tmp_path, item):
+    train_with(capsys, tmp_path, item, named=("--set", item.split("=")[0]))
+
+
+@pytest.mark.parametrize("uri", ["not a uri", "http://", "ftp://host/x", "sqlite://relative.db", "http://host:port",
+                                 "sqlite:///"])
+def test_malformed_tracking_uris(capsys, tmp_path, uri):
+    train_with(capsys, tmp_path, f"logging.tracking_uri={json.dumps(uri)}", named=("logging.tracking_uri",))
+    refused(capsys, sweep.main, [EAD, "--tracking-uri", uri, "--storage", str(tmp_path)], "--tracking-uri")
+
+
+@pytest.mark.parametrize("key", ["storage", "cache_dir"])
+def test_paths_that_are_files(capsys, tmp_path, key):
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    args = [EAD, "--set", f"{key}={file}"] + ([] if key == "storage" else ["--set", f"storage={tmp_path / 'r'}"])
+    refused(capsys, train.main, args, key, str(file))
+    refused(capsys, sweep.main, [EAD, "--set", f"{key}={file}", "--storage", str(tmp_path / "s")]
+            if key == "cache_dir" else [EAD, "--storage", str(file)], str(file))
