@@ -19,6 +19,7 @@ from ray.tune import Callback
 
 from orchestrator.console import console
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
+from orchestrator.lease import Lease, release_all
 from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
@@ -47,6 +48,7 @@ class Experiment:
     tracker: Tracker
     parent: str | None
     stop: StopRequest
+    lease: Lease
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -63,6 +65,8 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     # The Optuna study and the summaries stay on a local disk when the experiment lives in a bucket.
     folder = Path(uri) if "://" not in storage else Path(".cache") / f"{kind}s" / name
     check_resumable(uri, name, resume)
+    lease = Lease(uri)
+    lease.acquire(f"{kind} {name!r} in {storage}")
     folder.mkdir(parents=True, exist_ok=True)
     resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
     tracking_uri = tracking_uri or base_cfg.logging.tracking_uri
@@ -75,7 +79,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     init_ray(cpus_per_trial)
     stop = StopRequest(uri)
     stop.clear()
-    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop)
+    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
 
@@ -114,6 +118,8 @@ def cli(run, parser_, argv: list[str] | None) -> int:
     except (SpecError, FileNotFoundError, ExperimentFailed) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
+    finally:
+        release_all()
 
 
 def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
@@ -244,6 +250,7 @@ def stop_when_checkpointed(exp: Experiment) -> None:
             time.sleep(1)
         missing = RUNNING - exp.stop.acknowledged()
         exp.tracker.finish(exp.parent, "stopped")
+        exp.lease.release()  # os._exit skips atexit: a --resume right after must find the lease free
         console.print(f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
                       f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
                       f"with --resume to continue", highlight=False, soft_wrap=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.table import Table
 
 from orchestrator.console import console, number_table
+from orchestrator.lease import Lease, release_all
 from orchestrator.launch import BEST_SPEC, fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
@@ -50,6 +51,7 @@ def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
     it stopped early for a resume."""
     cfg.storage = storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
     check_fresh(cfg, resume)
+    Lease(f"{cfg.storage}/{cfg.name}").acquire(f"trial {cfg.name!r} in {cfg.storage}")
     model_path = resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     store = load_offline(cfg, model_path)
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
+    finally:
+        release_all()
     return STOPPED_EXIT_CODE if metrics.get("progress/preempted") else 0
 
 

@@ -1,0 +1,75 @@
+"""One command per run name and storage: a live lease refuses a second command in one line; a lease
+whose holder died, or that expired, is taken over."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator import experiment, sweep, train
+from orchestrator.lease import LEASE_FILE, Lease
+from orchestrator.spec import SpecError
+
+HOLD = ("import sys, time\nfrom orchestrator.lease import Lease\nLease(sys.argv[1]).acquire('x')\n"
+        "print('held', flush=True)\ntime.sleep(120)\n")
+TRY = ("import sys\nfrom orchestrator.lease import Lease\nfrom orchestrator.spec import SpecError\n"
+       "try:\n    Lease(sys.argv[1]).acquire('x')\n    print('held', flush=True)\n"
+       "except SpecError:\n    print('refused', flush=True)\nimport time; time.sleep(3)\n")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process holding the lease of <tmp>/ead (a sweep named ead in storage tmp_path)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "ead")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_command_of_the_same_name_is_refused(holder, tmp_path, capsys, monkeypatch):
+    def started(*args, **kwargs):
+        raise AssertionError("the second command went on")
+
+    monkeypatch.setattr(experiment, "init_ray", started)
+    monkeypatch.setattr(train, "fit_trial", started)
+    for main, args in ((sweep.main, ["search_spaces/ead.yaml", "--storage", str(tmp_path)]),
+                       (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead",
+                                     "--resume"])):
+        assert main(args) == 2
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+        assert len(lines) == 1 and "already running" in lines[0] and f"pid {holder.pid}" in lines[0], lines
+
+
+def test_a_dead_holders_lease_is_taken_over_at_once(holder, tmp_path):
+    holder.kill()
+    holder.wait()
+    lease = Lease(str(tmp_path / "ead"))
+    lease.acquire("x")  # the holder's lease has 60 s left, but its process is gone
+    assert json.loads((tmp_path / "ead" / LEASE_FILE).read_text())["pid"] != holder.pid
+    lease.release()
+    assert not (tmp_path / "ead" / LEASE_FILE).exists()
+
+
+@pytest.mark.parametrize("expires_in, refused", [(30.0, True), (-1.0, False)])
+def test_another_machines_lease_counts_until_it_expires(tmp_path, expires_in, refused):
+    (tmp_path / LEASE_FILE).write_text(json.dumps({"owner": "o", "host": "elsewhere", "pid": 1,
+                                                   "expires": time.time() + expires_in}))
+    lease = Lease(str(tmp_path))
+    if refused:
+        with pytest.raises(SpecError, match="already running \\(elsewhere, pid 1"):
+            lease.acquire("x")
+    else:
+        lease.acquire("x")
+        lease.release()
+
+
+def test_two_commands_started_together_one_holds(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", TRY, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert outcomes == ["held", "refused"]
