@@ -15,6 +15,9 @@ QUIET_LINES = "|".join([
     r"Loading weights: +\d+%",
 ])
 os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_LINES)
+# Checkpoints and folders may come from someone else: every torch.load in this process reads tensors
+# and plain data only, even where a library asks for more (trainables/checkpoint.py; the workers too).
+os.environ.setdefault("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
 # Off a terminal (a log, CI), a progress bar writes a line every 30 s, not a carriage return per update.
 TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30"}
 if not sys.stderr.isatty():

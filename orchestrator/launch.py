@@ -13,6 +13,7 @@ from pathlib import Path
 from orchestrator import TQDM_OFF_TERMINAL
 from orchestrator.console import console
 from orchestrator.spec import SpecError
+from trainables.checkpoint import WEIGHTS_ONLY_ENV
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
 from trainables.data.tasks import load_offline_store, train_problems
@@ -32,6 +33,7 @@ WORKER_ENV = {
     # logger buffers and tries again at the next step.
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    **WEIGHTS_ONLY_ENV,  # a checkpoint is data: no torch.load unpickles objects (trainables/checkpoint.py)
 }
 
 

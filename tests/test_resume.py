@@ -8,6 +8,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -27,7 +29,8 @@ from orchestrator import train
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import default_tracking_uri
-from trainables.checkpoint import checkpoint_problem, manifest_file, saved_world_size, write_manifest
+from trainables.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
+                                   write_manifest)
 
 EVERY = 2
 # 16 prompts a step (the spec has 8): steps of ~1.3 s here, so a signal sent once step 3 is logged reaches the
@@ -147,6 +150,20 @@ def test_manifest_finds_missing_truncated_and_altered_parts(tmp_path):
     optim.write_bytes(data)
     (merged / manifest_file(0)).unlink()
     assert "MANIFEST.rank_0.json is missing" in checkpoint_problem(merged, 2)
+
+
+def test_foreign_checkpoint_files_are_data(tmp_path):
+    """A rank file holding a pickled object is refused unread; a manifest naming a file outside its folder
+    makes the checkpoint unusable."""
+    torch.save({"step": 3, "rng": argparse.Namespace(seed=1)}, tmp_path / "rank_0.pt")  # any class but plain data
+    with pytest.raises(ValueError, match="rank_0.pt holds objects other than tensors and plain data"):
+        read_rank_state(tmp_path, 0)
+    torch.save({"step": 3, "rng": rng_state()}, tmp_path / "rank_0.pt")  # what a trial writes reads back
+    assert read_rank_state(tmp_path, 0)["step"] == 3
+    (tmp_path.parent / "outside.txt").write_text("x")
+    (tmp_path / manifest_file(0)).write_text(json.dumps({"rank": 0, "world_size": 1, "files": {
+        "../outside.txt": {"size": 1, "sha256": "0"}}}))
+    assert "outside the checkpoint's folder" in checkpoint_problem(tmp_path, 1)
 
 
 @pytest.mark.slow

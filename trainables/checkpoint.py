@@ -8,7 +8,10 @@ Layout of one checkpoint folder (the per-rank folders merged by Ray Train):
     MANIFEST.rank_<r>.json     written last by rank r: size and sha256 of each file it wrote
 
 A checkpoint is complete when every rank's manifest is there and every listed file matches it; a
-missing manifest is a save that never finished, a mismatch is corruption. The data position, the
+missing manifest is a save that never finished, a mismatch is corruption. A checkpoint may come
+from someone else: every file it names stays inside its folder, and every torch.load in a trial reads
+tensors and plain data only (TORCH_FORCE_WEIGHTS_ONLY_LOAD, with DeepSpeed's own three record
+classes allowed), never arbitrary pickled objects. The data position, the
 sampling seeds and the offline-replacement RNG are pure functions of the RL step, so the step
 restores them.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import random
 from pathlib import Path
 
@@ -24,6 +28,27 @@ import numpy as np
 import torch
 
 TRIAL_STATE = "trial_state.json"
+WEIGHTS_ONLY_ENV = {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}  # overrides DeepSpeed's weights_only=False
+
+
+def allow_deepspeed_records() -> None:
+    """The classes DeepSpeed pickles into its checkpoints (ZeRO 1-3 on CPU and GPU), allowed to load
+    under weights_only; nothing else is."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    torch.serialization.add_safe_globals([LossScaler, ZeroStageEnum, fragment_address])
+
+
+def read_rank_state(folder: str | Path, rank: int) -> dict:
+    """Rank `rank`'s step and RNG states; ValueError when the file holds anything but tensors and plain data."""
+    path = Path(folder) / rank_file(rank)
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path.name} holds objects other than tensors and plain data, refused unread "
+                         f"({str(e).splitlines()[0]})") from None
 
 
 def rank_file(rank: int) -> str:
@@ -83,6 +108,8 @@ def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:
             return f"{manifest.name} is unreadable ({e})"
         for name, expected in files.items():
             path = folder / name
+            if not path.resolve().is_relative_to(folder.resolve()):
+                return f"{manifest.name} names {name}, outside the checkpoint's folder"
             if not path.is_file():
                 return f"{name} is missing"
             if path.stat().st_size != expected["size"]:

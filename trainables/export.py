@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainables.checkpoint import TRIAL_STATE
+from trainables.checkpoint import TRIAL_STATE, allow_deepspeed_records
 
 
 def checkpoint_model_path(checkpoint_dir: str | Path) -> str:
@@ -23,6 +23,7 @@ def export_policy(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    allow_deepspeed_records()
     base = checkpoint_model_path(checkpoint_dir)
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="engine")
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

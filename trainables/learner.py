@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from trainables.batching import pad_tokens, split_to, token_budget_groups
+from trainables.checkpoint import allow_deepspeed_records
 from trainables.config import TrialConfig
 from trainables.logprobs import token_logprobs
 from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective
@@ -152,6 +153,8 @@ class Learner:
 
     def __init__(self, model_path: str | Path, cfg: TrialConfig, *, world_size: int, device: str = "cpu"):
         import deepspeed
+
+        allow_deepspeed_records()  # its checkpoints load weights-only (trainables/checkpoint.py)
 
         # The shared-memory allreduce op would JIT-compile for ~2 minutes; gloo is as good here.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

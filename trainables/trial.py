@@ -42,8 +42,8 @@ from ray.train.torch import get_device
 
 from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
-from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, rng_state, saved_world_size,
-                                   set_rng_state, write_manifest)
+from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, read_rank_state, rng_state,
+                                   saved_world_size, set_rng_state, write_manifest)
 from trainables.config import VAL_STEP, DecodingConfig, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
@@ -499,7 +499,11 @@ class Trial:
                         f"learner.num_workers={saved_world} (this run has {self.world})")
                 problem = checkpoint_problem(folder, self.world)
                 if problem is None:
-                    self.load_checkpoint(folder)
+                    try:
+                        self.load_checkpoint(folder)
+                    except ValueError as e:  # a rank file holding pickled objects: not read
+                        problem = str(e)
+                if problem is None:
                     if self.rank == 0:
                         print(f"[trial {self.cfg.name}] resumed after step {self.start_step} from "
                               f"{checkpoint.path}", flush=True)
@@ -512,8 +516,9 @@ class Trial:
 
     def load_checkpoint(self, folder: str) -> None:
         state = json.loads((Path(folder) / TRIAL_STATE).read_text())
+        rank_state = read_rank_state(folder, self.rank)  # before the engine: a refused file loads nothing
         self.learner.load(folder)
-        set_rng_state(torch.load(Path(folder) / rank_file(self.rank), weights_only=True)["rng"])
+        set_rng_state(rank_state["rng"])
         self.start_step = state["step"] + 1
         self.base_val = state["base_val"]
         self.val_history = [(int(done), val) for done, val in state["val_history"]]
