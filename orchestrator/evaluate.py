@@ -30,6 +30,7 @@ from rich.table import Table
 
 from orchestrator.console import console, number_table
 from orchestrator.spec import SpecError, load_trial_spec
+from orchestrator.inputs import check_tracking_uri
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, saved_world_size
 from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, PromptConfig, TrialConfig
@@ -208,7 +209,8 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
     """An MLflow run of the evaluation, nested under the trial's run when given a trial."""
     logging = (trial_spec or {}).get("logging", {})
     storage = str(target.parent) if trial_spec else "runs"  # a model folder: where trials record by default
-    uri = args.tracking_uri or logging.get("tracking_uri") or default_tracking_uri(storage)
+    # Never the tracking URI the trial's files name: a folder from someone else must not send results elsewhere.
+    uri = args.tracking_uri or default_tracking_uri(storage)
     tracker = Tracker(uri, logging.get("experiment", "rlvr-explore"))
     parent = tracker.find_trial_run(str(target)) if trial_spec else None
     metrics = {f"eval/{label}/{bench}/{metric_key(key)}": value for label, per in results.items()
@@ -244,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the trial's store)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sqlite store beside the trial "
+                        "folder; a tracking URI named in the trial's own files is never used)")
     args = parser.parse_args(argv)
     try:
+        if args.tracking_uri is not None:
+            check_tracking_uri(args.tracking_uri, "--tracking-uri")
         if args.samples < 1:
             raise SpecError(f"--samples must be >= 1 (got {args.samples})")
         run(args)

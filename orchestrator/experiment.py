@@ -103,7 +103,8 @@ def parser(prog: str, doc: str, kind: str, example: str, count: str):
                    help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check the spec and print what would run; start nothing")
     p.add_argument("--resume", action="store_true",
-                   help="continue the one of the same name and storage (unfinished trials from their checkpoints)")
+                   help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
+                   "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote")
     return p
 
 

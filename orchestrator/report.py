@@ -30,6 +30,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from orchestrator.console import console
+from orchestrator.inputs import check_tracking_uri
 from orchestrator.spec import SpecError
 from orchestrator.tracking import default_tracking_uri
 from trainables.evaluation import mean_pass_at_k
@@ -375,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="rlvr-explore", help="MLflow experiment")
     args = parser.parse_args(argv)
     try:
+        if args.tracking_uri is not None:
+            check_tracking_uri(args.tracking_uri, "--tracking-uri")
         run(args.target, args.out, args.tracking_uri, args.experiment)
     except SpecError as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
