@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 INFRA = REPO / "infra"
 PAPER = sorted((REPO / "search_spaces" / "paper").glob("*.yaml"))
 RENDER = {"IMAGE": "registry.example/rlvr-explore:gpu", "BUCKET": "s3://bucket/rlvr",
-          "SPEC": "search_spaces/paper/oger_sweep_1.5b.yaml", "MLFLOW_URI": "http://mlflow.rlvr.svc:5000"}
+          "SPEC": "search_spaces/paper/oger_sweep_1.5b.yaml", "MLFLOW_URI": "http://mlflow.rlvr.svc:5000",
+          "OPERATOR_NAMESPACE": "kuberay-system"}
 
 
 def render(path: Path) -> list[dict]:
@@ -34,6 +35,8 @@ def test_launcher_config_passes_rays_schema():
 
     config = yaml.safe_load((INFRA / "cluster" / "aws-spot.yaml").read_text())
     validate_config(prepare_config(config))
+    head_start = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start and "0.0.0.0" not in head_start  # reached by a tunnel
     nodes = config["available_node_types"]
     assert nodes["head"]["resources"] == {"CPU": 0}  # the head runs no trial
     assert nodes["gpu_spot"]["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
@@ -69,6 +72,18 @@ def test_mlflow_manifest_renders_with_the_projects_mlflow():
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].endswith(f":v{version('mlflow')}")  # the server speaks the client's version
     assert f"{RENDER['BUCKET']}/mlflow-artifacts" in container["command"]
+
+
+def test_network_policies_fence_mlflow_and_the_dashboard():
+    policies = {d["metadata"]["name"]: d["spec"] for d in render(INFRA / "k8s" / "network-policy.yaml")}
+    (mlflow,) = [d for d in render(INFRA / "k8s" / "mlflow.yaml") if d["kind"] == "Deployment"]
+    labels = mlflow["spec"]["template"]["metadata"]["labels"]
+    assert policies["mlflow-private"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policies["mlflow-private"]["ingress"] == [{"from": [{"podSelector": {}}], "ports": [{"port": 5000, "protocol": "TCP"}]}]
+    dashboard = policies["ray-dashboard-private"]
+    assert dashboard["podSelector"]["matchLabels"] == {"ray.io/node-type": "head"}  # KubeRay's label on the head pod
+    (rule,) = dashboard["ingress"]
+    assert rule["from"][1]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kuberay-system"}
 
 
 def test_image_pins_match_the_project():
