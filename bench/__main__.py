@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from orchestrator.console import console, number_table
+from orchestrator.tracking import tags_filter
 
 SECTIONS = ("sweep", "engines", "trials", "learner")
 ALGORITHMS = ("grpo", "luffy", "oger")
@@ -92,7 +93,7 @@ def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
 
     _, search, _ = load_sweep_spec(spec, check_files=False)
     tracker = Tracker(default_tracking_uri(str(storage)), "rlvr-explore")
-    runs = tracker.client.search_runs([tracker.experiment_id], f"tags.sweep = '{name}'", max_results=10_000)
+    runs = tracker.client.search_runs([tracker.experiment_id], tags_filter(sweep=name), max_results=10_000)
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
     wall = parent.data.metrics["sweep/wall_s"]
     steps = sum(v for r in runs if r.data.tags.get("kind") == "trial"

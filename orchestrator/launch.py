@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from orchestrator import TQDM_OFF_TERMINAL
+from orchestrator import MLFLOW_HTTP_ENV, TQDM_OFF_TERMINAL
 from orchestrator.console import console
 from orchestrator.spec import SpecError
 from trainables.checkpoint import WEIGHTS_ONLY_ENV
@@ -29,10 +29,8 @@ WORKER_ENV = {
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "180",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # Train's print-to-logger patch shows every line twice
     "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
-    # A dead tracking server costs a step seconds, not MLflow's minutes of retries: the step
-    # logger buffers and tries again at the next step.
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    # A dead tracking server costs a step seconds: the step logger buffers and tries again at the next step.
+    **MLFLOW_HTTP_ENV,
     **WEIGHTS_ONLY_ENV,  # a checkpoint is data: no torch.load unpickles objects (trainables/checkpoint.py)
 }
 

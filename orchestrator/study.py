@@ -45,6 +45,7 @@ from orchestrator.spec import (
     validate_trial,
 )
 from orchestrator.stats import describe, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
+from orchestrator.tracking import tags_filter
 from trainables.config import TrialConfig
 
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -145,7 +146,7 @@ def run(spec: str, args) -> int:
 def seed_runs(exp, study: StudyConfig) -> dict[str, list]:
     """Each arm's runs in seed order, from MLflow."""
     client, tracker = exp.tracker.client, exp.tracker
-    runs = client.search_runs([tracker.experiment_id], f"tags.sweep = '{exp.name}' and tags.kind = 'trial'",
+    runs = client.search_runs([tracker.experiment_id], tags_filter(sweep=exp.name, kind="trial"),
                               max_results=10_000)
     by_arm = {name: sorted((r for r in runs if r.data.tags.get("arm") == name), key=lambda r: int(r.data.params["seed"]))
               for name in study.arms}

@@ -63,6 +63,28 @@ def git_commit() -> str:
         return "unknown"
 
 
+
+def unreachable(error: BaseException) -> bool:
+    """Whether an error is the store being out of reach (worth another try), not a refusal."""
+    import requests
+
+    if isinstance(error, (ConnectionError, TimeoutError, requests.exceptions.RequestException)):
+        return True
+    text = str(error)  # MLflow wraps its HTTP client's failures in an MlflowException
+    return any(s in text for s in ("Max retries exceeded", "Connection refused", "timed out", "database is locked"))
+
+def tags_filter(**tags: str) -> str:
+    """An MLflow search filter matching every tag exactly; a value with an apostrophe is quoted with
+    double quotes (MLflow's filter grammar has no escape), one with both kinds is refused."""
+    def quoted(value: str) -> str:
+        if "'" not in value:
+            return f"'{value}'"
+        if '"' not in value:
+            return f'"{value}"'
+        raise ValueError(f"{value!r} holds both kinds of quote; MLflow cannot search for it")
+
+    return " and ".join(f"tags.{key} = {quoted(str(value))}" for key, value in tags.items())
+
 class Tracker:
     """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them.
 
@@ -97,6 +119,10 @@ class Tracker:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - whatever the store raises, training goes on
+                if not unreachable(e):  # a refusal: trying again would be refused again
+                    log.warning("MLflow at %s refused %s: %s: %s; continuing without it", self.uri, what,
+                                type(e).__name__, e)
+                    return None
                 if wait is None:
                     log.warning("MLflow at %s unreachable (%s) after %d tries: %s; continuing without it",
                                 self.uri, what, attempt + 1, e)
@@ -131,7 +157,7 @@ class Tracker:
         return self._retried("finding the trial run", self._find_trial_run, run_path)
 
     def _find_trial_run(self, run_path: str) -> str | None:
-        found = self.client.search_runs([self.experiment_id], f"tags.run_path = '{run_path}'",
+        found = self.client.search_runs([self.experiment_id], tags_filter(run_path=run_path),
                                         order_by=["attributes.start_time DESC"], max_results=1)
         return found[0].info.run_id if found else None
 
@@ -177,7 +203,7 @@ class Tracker:
 
     def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any], resume: bool, kind: str) -> str:
         if resume:
-            found = self.client.search_runs([self.experiment_id], f"tags.kind = 'sweep' and tags.sweep = '{name}'",
+            found = self.client.search_runs([self.experiment_id], tags_filter(kind="sweep", sweep=name),
                                             order_by=["attributes.start_time DESC"], max_results=1)
             if found:
                 return self._reopen(found[0].info.run_id)
@@ -221,7 +247,7 @@ class Tracker:
 
     @staticmethod
     def _config_filter(sweep: str, config: str) -> str:
-        return f"tags.sweep = '{sweep}' and tags.config = '{config}'"
+        return tags_filter(sweep=sweep, config=config)
 
     def log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
         """The same metrics on every seed run of one configuration of a sweep or study."""
@@ -260,7 +286,7 @@ class Tracker:
 
     def _finish_sweep_trial(self, sweep: str, trial_id: str, state: str) -> None:
         for run in self.client.search_runs([self.experiment_id],
-                                           f"tags.sweep = '{sweep}' and tags.trial_id = '{trial_id}'"):
+                                           tags_filter(sweep=sweep, trial_id=trial_id)):
             self._finish(run.info.run_id, state)
 
     def _finish(self, run_id: str, state: str) -> None:

@@ -56,3 +56,13 @@ def test_experiments_are_training_kind_with_artifacts_inside_their_storage(tmp_p
         (written,) = (tmp_path / storage).rglob("which.txt")
         assert written.read_text() == storage and written.is_relative_to(tmp_path / storage / "mlartifacts")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no mlruns/ beside them
+
+
+@pytest.mark.parametrize("folder", ["researcher's runs", 'the "final" runs'])
+def test_storage_paths_with_quotes_are_tracked_like_any_other(tmp_path, folder):
+    storage = tmp_path / folder
+    tracker = Tracker(default_tracking_uri(str(storage)), "rlvr-explore")
+    cfg = TrialConfig(name="trial", storage=str(storage))
+    run_id = tracker.start_trial_run(cfg)
+    assert run_id and tracker.find_trial_run(f"{storage}/trial") == run_id
+    assert tracker.start_trial_run(cfg, resume=True) == run_id  # the resume finds the run by its path
