@@ -221,7 +221,8 @@ def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[Conf
     baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
     challenger = next((s for s in finished if s is not baseline), None)
     lines = [f"best configuration {best.config_id}{' (the baseline)' if best is baseline else ''}: {search.metric} = "
-             f"{best.interval.format()} over {len(best.values)} seed(s), with {best.params}"]
+             f"{best.interval.format()} over {len(best.values)} seed(s), with "
+             + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())]
     result = experiment.compare(challenger, baseline, search.mode) if baseline and challenger else None
     if result is None:
         lines.append("no verdict: no baseline (search.baseline, or points_to_evaluate) or no other configuration "
