@@ -19,7 +19,7 @@ from ray.tune import Callback
 
 from orchestrator.console import console
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
-from orchestrator.lease import Lease, release_all
+from orchestrator.lease import Lease, check_settings, release_all
 from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
@@ -53,7 +53,7 @@ class Experiment:
 
 
 def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking_uri: str | None, spec: str,
-          params: dict, resume: bool, seeds: int, cpus_per_trial: int) -> Experiment:
+          params: dict, resume: bool, force: bool = False, seeds: int, cpus_per_trial: int) -> Experiment:
     """Check the name is free (or resumable), open the parent MLflow run, start Ray, arm SIGTERM."""
     check_name(name, "name")
     check_folder_path(storage, "storage")
@@ -67,6 +67,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     check_resumable(uri, name, resume)
     lease = Lease(uri)
     lease.acquire(f"{kind} {name!r} in {storage}")
+    check_settings(uri, {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
     folder.mkdir(parents=True, exist_ok=True)
     resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
     tracking_uri = tracking_uri or base_cfg.logging.tracking_uri
@@ -105,6 +106,8 @@ def parser(prog: str, doc: str, kind: str, example: str, count: str):
     p.add_argument("--resume", action="store_true",
                    help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
                    "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote")
+    p.add_argument("--force", action="store_true", help="with --resume: continue even if the spec's settings differ "
+                   "from the ones it started with")
     return p
 
 

@@ -1,4 +1,5 @@
-"""One command per run: a lease in the run's folder (local or bucket, through pyarrow).
+"""A run's folder (local or bucket, through pyarrow) guarded: one command at a time, and a resume only
+with the settings the run started with.
 
 A `train`, `sweep` or `study` takes `<storage>/<name>/lease.json` before it touches anything there
 and renews it every TTL_S / 3 seconds; a second command of the same name and storage is refused in
@@ -8,6 +9,9 @@ holder was a process of this machine that is gone), so a preempted run can alway
 Two commands started in the same instant both write, then read back after SETTLE_S: the last
 writer holds the lease and the other is refused (a bucket without conditional writes allows no
 stronger guarantee).
+
+`settings.json` keeps what the run started with; `--resume` with other settings is refused, naming
+the fields, unless forced.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from orchestrator.inputs import SpecError
 
 HELD: list[Lease] = []  # this process's leases: `release_all` when its command returns
 LEASE_FILE = "lease.json"
+SETTINGS_FILE = "settings.json"
 TTL_S = 60.0
 SETTLE_S = 0.5
 
@@ -110,3 +115,22 @@ def release_all() -> None:
     """Release every lease this process holds (a command has returned or failed)."""
     for lease in list(HELD):
         lease.release()
+
+
+def check_settings(folder_uri: str, settings: dict, *, resume: bool, force: bool) -> None:
+    """On --resume, refuse settings that differ from the run's first ones (unless `force`); then record them."""
+    from orchestrator.tracking import flatten
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(f"{folder_uri.rstrip('/')}/{SETTINGS_FILE}")
+    if resume and fs.get_file_info(path).type == pyarrow.fs.FileType.File:
+        with fs.open_input_stream(path) as f:
+            saved = flatten(json.loads(f.read()))
+        now = flatten(json.loads(json.dumps(settings)))  # as JSON keeps them: tuples are lists
+        differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+        if differ and not force:
+            shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:6])
+            raise SpecError(f"--resume: the settings differ from the run's own in {len(differ)} field(s): {shown}"
+                            f"{' ...' if len(differ) > 6 else ''}; resume with the same spec, or add --force")
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps(settings, indent=1).encode())

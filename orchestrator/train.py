@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.table import Table
 
 from orchestrator.console import console, number_table
-from orchestrator.lease import Lease, release_all
+from orchestrator.lease import Lease, check_settings, release_all
 from orchestrator.launch import BEST_SPEC, fit_trial, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
@@ -46,12 +46,13 @@ def check_fresh(cfg: TrialConfig, resume: bool) -> None:
                         f"continue it, or --set name=NEW for a new run")
 
 
-def run(cfg: TrialConfig, resume: bool = False) -> dict[str, float]:
+def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str, float]:
     """Run (or with `resume` continue) the trial; its final metrics, with progress/preempted = 1 when
     it stopped early for a resume."""
     cfg.storage = storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
     check_fresh(cfg, resume)
     Lease(f"{cfg.storage}/{cfg.name}").acquire(f"trial {cfg.name!r} in {cfg.storage}")
+    check_settings(f"{cfg.storage}/{cfg.name}", {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
     model_path = resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     store = load_offline(cfg, model_path)
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a spec field, e.g. --set learner.steps=10 (repeatable)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run of the same name from its latest checkpoint")
+    parser.add_argument("--force", action="store_true",
+                        help="with --resume: continue even if the spec's settings differ from the run's own")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate the spec (not its data files) and print what it amounts to; run nothing")
     args = parser.parse_args(argv)
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             console.print(derived_numbers(cfg), soft_wrap=True)
             return 0
-        metrics = run(cfg, resume=args.resume)
+        metrics = run(cfg, resume=args.resume, force=args.force)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2

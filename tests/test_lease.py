@@ -73,3 +73,19 @@ def test_two_commands_started_together_one_holds(tmp_path):
              for _ in range(2)]
     outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert outcomes == ["held", "refused"]
+
+
+def test_resume_with_other_settings_is_refused_naming_them(tmp_path):
+    from orchestrator.lease import check_settings
+
+    first = {"trial": {"learner": {"lr": 1e-4, "steps": 30}, "seed": 0}, "search": {"seeds": 3}}
+    check_settings(str(tmp_path), first, resume=False, force=False)
+    check_settings(str(tmp_path), first, resume=True, force=False)  # the same spec resumes
+    changed = {"trial": {"learner": {"lr": 3e-4, "steps": 30}, "seed": 0}, "search": {"seeds": 3, "seed": 1}}
+    with pytest.raises(SpecError) as info:
+        check_settings(str(tmp_path), changed, resume=True, force=False)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and "2 field(s)" in message
+    assert "trial.learner.lr (0.0001 -> 0.0003)" in message and "search.seed (None -> 1)" in message
+    check_settings(str(tmp_path), changed, resume=True, force=True)  # forced: the new settings are the run's now
+    check_settings(str(tmp_path), changed, resume=True, force=False)
