@@ -151,7 +151,7 @@ def run(spec: str, args) -> int:
     exp = experiment.start("sweep", experiment.given(args.name, base_cfg.name),
                            experiment.given(args.storage, base_cfg.storage), base_cfg,
                            tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
-                           resume=args.resume, force=args.force, seeds=search.seeds,
+                           resume=args.resume, force=getattr(args, "force", False), seeds=search.seeds,
                            cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
