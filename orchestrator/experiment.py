@@ -209,7 +209,7 @@ class TrialStates(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if result.get(VAL_STEP) == result.get("progress/step"):  # a validation step
-            self._say(trial, f"step {result['progress/step']}/{result[HORIZON_KEY]}: {self._objective(result)}")
+            self._say(trial, f"step {result['progress/step']}/{result.get(HORIZON_KEY, '?')}: {self._objective(result)}")
 
     def _close(self, trial, state: str) -> None:
         from trainables.rollout.service import remove_engine_group
