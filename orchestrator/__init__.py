@@ -26,3 +26,5 @@ for key, value in MLFLOW_HTTP_ENV.items():
 TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30"}
 if not sys.stderr.isatty():
     os.environ.update({k: v for k, v in TQDM_OFF_TERMINAL.items() if k not in os.environ})
+# MLflow's bar for each artifact download (the report reads a few small files) says nothing.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -7,6 +7,8 @@ still does not fit folds onto a second line rather than being cut.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -24,6 +26,24 @@ def number_table(title: str, columns: list[str], justify: str = "right", **kwarg
     for i, column in enumerate(columns):
         out.add_column(column, justify="left" if i == 0 else justify, overflow="fold")
     return out
+
+
+def short_params(params: dict[str, Any]) -> dict[str, str]:
+    """{"rollout.decoding.ead.tau_max": 1.2531} -> {"tau_max": "1.25"}: each field by its last name (the full
+    one where two share it), numbers to 3 significant digits (also those MLflow hands back as text): run
+    names, tag columns and table headers a reader can scan."""
+    last = [k.rsplit(".", 1)[-1] for k in params]
+    return {(short if last.count(short) == 1 else key): short_value(value)
+            for (key, value), short in zip(params.items(), last)}
+
+
+def short_value(value: Any) -> str:
+    if isinstance(value, str) and not value.isdigit():
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 console = make_console()

@@ -17,7 +17,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from orchestrator.console import console
+from orchestrator.console import console, short_params
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
 from orchestrator.lease import Lease, check_settings, release_all
 from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
@@ -128,14 +128,6 @@ def cli(run, parser_, argv: list[str] | None) -> int:
 
 def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
     return logical_cpus(base_cfg) * concurrent * seeds
-
-
-def short_params(params: dict[str, Any]) -> dict[str, str]:
-    """{"rollout.decoding.ead.tau_max": 1.2531} -> {"tau_max": "1.25"}: each field by its last name (the full
-    one where two share it), floats to 3 significant digits: run names and tag columns a reader can scan."""
-    last = [k.rsplit(".", 1)[-1] for k in params]
-    return {(short if last.count(short) == 1 else key): f"{value:.3g}" if isinstance(value, float) else str(value)
-            for (key, value), short in zip(params.items(), last)}
 
 
 def run_name(shown: dict[str, str], seed: int) -> str:
@@ -376,12 +368,13 @@ def noise_line(summaries: list[ConfigSummary], metric: str) -> str:
 
 def markdown_table(summaries: list[ConfigSummary], metric: str, keys: list[str], names: dict[str, str] | None = None) -> str:
     """The configurations as a Markdown table: state, steps, mean and 95% interval, each seed's value."""
-    header = ["configuration", "state", "steps", f"{metric} mean [95% CI]", "seeds", "val SE", *keys]
+    header = ["configuration", "state", "steps", f"{metric} mean [95% CI]", "seeds", "val SE",
+              *short_params(dict.fromkeys(keys, 0))]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
         name = (names or {}).get(s.config_id, s.config_id)
         seeds = ", ".join(f"{v:.3f}" for v in s.values) or "-"
         lines.append("| " + " | ".join([name, s.state, str(s.steps), s.interval.format() if s.interval else "-", seeds,
                                         f"{s.se:.3f}" if s.se is not None else "-",
-                                        *(f"{s.params.get(k)!s:.8}" for k in keys)]) + " |")
+                                        *short_params({k: s.params.get(k) for k in keys}).values()]) + " |")
     return "\n".join(lines) + "\n"

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
-from orchestrator.console import console
+from orchestrator.console import console, short_params
 from orchestrator.inputs import check_tracking_uri
 from orchestrator.spec import SpecError
 from orchestrator.tracking import default_tracking_uri
@@ -77,15 +77,8 @@ def label(run, keys: list[str]) -> str:
     name with the searched parameters to 3 significant digits."""
     if "=" in run.info.run_name or not keys:
         return run.info.run_name
-    params = {k.split(".")[-1]: run.data.params.get(k) for k in keys}
-    return f"{run.info.run_name} ({', '.join(f'{k}={rounded(v)}' for k, v in params.items())})"
-
-
-def rounded(value) -> str:
-    try:
-        return f"{float(value):.3g}"
-    except (TypeError, ValueError):
-        return str(value)
+    params = short_params({k: run.data.params.get(k) for k in keys})
+    return f"{run.info.run_name} ({', '.join(f'{k}={v}' for k, v in params.items())})"
 
 
 def with_base(run, key: str, steps: list[int], values: list[float]) -> tuple[list[int], list[float]]:
@@ -282,13 +275,13 @@ def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], 
     if configurations:
         lines += ["## Configurations: mean and 95% interval over seeds, and the verdict", "",
                   configurations.strip(), "", "## Runs (one per configuration and seed)", ""]
-    columns = ["trial", "state", "steps", *metrics, *searched]
+    columns = ["trial", "state", "steps", *metrics, *short_params(dict.fromkeys(searched, 0))]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in trials:
         m = run.data.metrics
         row = [run.info.run_name, run.data.tags.get("state", "?"), f"{m.get('progress/step', 0):.0f}",
                *[f"{m[key]:.4f}" if key in m else "-" for key in metrics],
-               *[str(run.data.params.get(k, "-")) for k in searched]]
+               *short_params({k: run.data.params.get(k, "-") for k in searched}).values()]
         lines.append("| " + " | ".join(row) + " |")
     if importance:
         lines += ["", "## Parameter importance (Optuna, fANOVA)", "", "| parameter | importance |", "|---|---|"]

@@ -169,7 +169,9 @@ def run(spec: str, args) -> int:
     results = experiment.fit(exp, trainable, tune_config, seed_list(base_cfg, search.seeds), args.resume)
     report(results, search, exp, base, fixed)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
-    console.print(f"MLflow: mlflow ui --backend-store-uri {exp.tracking_uri} --host 127.0.0.1")
+    console.print(f"MLflow: mlflow ui --backend-store-uri {exp.tracking_uri} --host 127.0.0.1", soft_wrap=True)
+    if view := exp.tracker.trials_view(exp.name, search.metric):
+        console.print(f"  and open {view}", soft_wrap=True)
     return 0
 
 
@@ -205,7 +207,7 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
     summary = {"trial_id": best.config_id, "metric": best.interval.mean, "params": best.params, "spec": str(path)}
-    table = experiment.markdown_table(summaries, search.metric, keys) + "\n" + "\n".join(lines) + "\n"
+    table = experiment.markdown_table(summaries, search.metric, keys) + "\n" + "\n\n".join(lines) + "\n"
     exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},
                              metrics={"best/ci_low": best.interval.low, "best/ci_high": best.interval.high, **metrics},
                              tags=tags, tables={"configurations.md": table})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,18 @@ def tags_filter(**tags: str) -> str:
 
     return " and ".join(f"tags.{key} = {quoted(str(value))}" for key, value in tags.items())
 
+
+def trials_view(experiment_id: str, sweep: str, metric: str, server: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow UI's chart view of one sweep's trial runs, side by side and ranked by `metric`: in
+    its model-training mode (it opens on GenAI otherwise), sorted by the metric (sorting by start time
+    would fold the trials under their sweep's run)."""
+    query = urllib.parse.urlencode({
+        "workflowType": "machine_learning", "searchFilter": tags_filter(sweep=sweep, kind="trial"),
+        "orderByKey": f"metrics.`{metric}`", "orderByAsc": "false", "compareRunsMode": "CHART"},
+        quote_via=urllib.parse.quote)
+    return f"{server}/#/experiments/{experiment_id}/runs?{query}"
+
+
 class Tracker:
     """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them.
 
@@ -113,6 +126,10 @@ class Tracker:
                 if EXPERIMENT_KIND not in found.tags:  # made before experiments had a kind
                     self.client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND, TRAINING)
         return self._experiment_id
+
+    def trials_view(self, sweep: str, metric: str) -> str | None:
+        """`trials_view` of a sweep in this store, once a call has found the experiment (none made here)."""
+        return self._experiment_id and trials_view(self._experiment_id, sweep, metric)
 
     def _retried(self, what: str, fn, *args, **kwargs):
         for attempt, wait in enumerate((*self.retry_waits_s, None)):

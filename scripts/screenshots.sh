@@ -23,13 +23,17 @@ for port in "$MLFLOW_PORT" "$OPTUNA_PORT"; do
   for _ in $(seq 60); do curl -sf "http://127.0.0.1:$port/" >/dev/null && break; sleep 1; done
 done
 
-read -r EXPERIMENT PARENT < <($PY - "$STORAGE" "$SWEEP" <<'PY'
+read -r EXPERIMENT PARENT TRIAL VIEW < <($PY - "$STORAGE" "$SWEEP" "$MLFLOW_PORT" <<'PY'
 import sys
-from mlflow.tracking import MlflowClient
-client = MlflowClient(f"sqlite:///{sys.argv[1]}/mlflow.db")
-experiment = client.get_experiment_by_name("rlvr-explore").experiment_id
-(parent, *_) = client.search_runs([experiment], f"tags.kind = 'sweep' and tags.sweep = '{sys.argv[2]}'")
-print(experiment, parent.info.run_id)
+import yaml
+from orchestrator.tracking import Tracker, tags_filter
+storage, sweep, port = sys.argv[1:]
+tracker = Tracker(f"sqlite:///{storage}/mlflow.db", "rlvr-explore")
+(parent, *_) = tracker.client.search_runs([tracker.experiment_id], tags_filter(kind="sweep", sweep=sweep))
+metric = yaml.safe_load(parent.data.params.get("search.metric", "null")) or "val/accuracy"
+(trial, *_) = tracker.client.search_runs([tracker.experiment_id], tags_filter(kind="trial", sweep=sweep))
+print(tracker.experiment_id, parent.info.run_id, trial.info.run_id,
+      tracker.trials_view(sweep, metric).replace("127.0.0.1:5000", f"127.0.0.1:{port}"))
 PY
 )
 shot() {  # NAME URL
@@ -37,12 +41,13 @@ shot() {  # NAME URL
     --virtual-time-budget=15000 --screenshot="$OUT/$1.png" "$2" >/dev/null 2>&1
   echo "$OUT/$1.png  <- $2"
 }
-# The sweep's seed runs side by side (the parent run would fold them under itself).
-TRIALS="searchFilter=tags.sweep%20%3D%20%27$SWEEP%27%20and%20tags.kind%20%3D%20%27trial%27"
-shot mlflow-runs "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?$TRIALS"
-shot mlflow-charts "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs?$TRIALS&compareRunsMode=CHART"
+ML="http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT"
+# The sweep's trial runs side by side, ranked: the link the sweep prints at its end.
+shot mlflow-charts "$VIEW"
+shot mlflow-runs "${VIEW/compareRunsMode=CHART/compareRunsMode=TABLE}"
+shot mlflow-trial "$ML/runs/$TRIAL?workflowType=machine_learning"
 # The report as MLflow shows it: report.html, its plots inline, in the sweep's run's artifact view.
-shot mlflow-report "http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT/runs/$PARENT/artifacts/report/report.html"
+shot mlflow-report "$ML/runs/$PARENT/artifacts/report/report.html?workflowType=machine_learning"
 shot optuna-dashboard "http://127.0.0.1:$OPTUNA_PORT/dashboard/studies/1"
 for png in "$STORAGE/$SWEEP"/report/*.png; do
   shot "report-$(basename "$png" .png)" "file://$png"

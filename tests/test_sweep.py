@@ -16,6 +16,7 @@ import yaml
 from ray.util.state import list_placement_groups
 
 from orchestrator import evaluate, report, sweep, train
+from orchestrator.console import short_params
 from orchestrator.spec import SpecError, load_sweep_spec, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 
@@ -242,6 +243,12 @@ def assert_png(path) -> None:
 def test_smoothing_is_tensorboards_debiased_average():
     assert report.smoothed([0.4] * 6) == pytest.approx([0.4] * 6)  # no pull towards the zero start
     assert report.smoothed([0.0, 1.0, 1.0], weight=0.5) == pytest.approx([0.0, 0.5 / 0.75, 0.75 / 0.875])
+
+
+def test_parameters_are_shown_short_and_rounded_whatever_their_type():
+    shown = short_params({"rollout.decoding.ead.tau_max": 1.2541928796033428, "rollout.decoding.ead.d0": "54.16654330531939",
+                          "learner.steps": "30", "a.seed": 3, "b.seed": "x", "model.path": "None"})
+    assert shown == {"tau_max": "1.25", "d0": "54.2", "steps": "30", "a.seed": "3", "b.seed": "x", "path": "None"}
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ metrics and artifacts are buffered while a real tracking server is down and sent
 
 from __future__ import annotations
 
+import urllib.parse
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -66,3 +68,21 @@ def test_storage_paths_with_quotes_are_tracked_like_any_other(tmp_path, folder):
     run_id = tracker.start_trial_run(cfg)
     assert run_id and tracker.find_trial_run(f"{storage}/trial") == run_id
     assert tracker.start_trial_run(cfg, resume=True) == run_id  # the resume finds the run by its path
+
+
+def test_the_trials_view_finds_one_sweeps_trial_runs_unfolded(tmp_path):
+    """The link a sweep prints: the MLflow UI in model-training mode, filtered to the sweep's trial runs
+    (the filter MLflow's own search accepts), sorted by the objective (so the UI lists them flat)."""
+    tracker = Tracker(default_tracking_uri(str(tmp_path)), "rlvr-explore")
+    assert tracker.trials_view("ead", "val/accuracy") is None  # no call made to find the experiment
+    parent = tracker.client.create_run(tracker.experiment_id, tags={"kind": "sweep", "sweep": "ead"}).info.run_id
+    for sweep in ("ead", "ead", "other"):
+        tracker.client.create_run(tracker.experiment_id, tags={"kind": "trial", "sweep": sweep,
+                                                               "mlflow.parentRunId": parent})
+    url = urllib.parse.urlsplit(tracker.trials_view("ead", "val/accuracy"))
+    path, query = url.fragment.split("?")
+    assert path == f"/experiments/{tracker.experiment_id}/runs"
+    params = dict(urllib.parse.parse_qsl(query))
+    assert params["workflowType"] == "machine_learning" and params["compareRunsMode"] == "CHART"
+    assert params["orderByKey"] == "metrics.`val/accuracy`" and params["orderByAsc"] == "false"
+    assert len(tracker.client.search_runs([tracker.experiment_id], params["searchFilter"])) == 2
