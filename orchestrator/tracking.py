@@ -24,9 +24,13 @@ log = logging.getLogger(__name__)
 
 # The MLflow UI's experiment types: "custom_model_development" is its "Machine learning" kind (runs, charts).
 EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"
-# A run's state tag -> its MLflow status: stopped (for a resume) and pruned (by the scheduler) are
-# stopped on purpose, shown as "Killed", never as failures; anything else that ended is a failure.
-STATUS = {"finished": RunStatus.FINISHED, "stopped": RunStatus.KILLED, "pruned": RunStatus.KILLED}
+# A run's state tag -> its MLflow status. The MLflow UI draws KILLED with FAILED's red cross, so a trial
+# the scheduler pruned (its record complete to the step where it was judged) is FINISHED, with state
+# `pruned` and a description saying so; a trial stopped to be resumed is KILLED (it has more to do);
+# anything else that ended is a failure.
+STATUS = {"finished": RunStatus.FINISHED, "pruned": RunStatus.FINISHED, "stopped": RunStatus.KILLED}
+DESCRIPTION = {"pruned": "Pruned: the scheduler stopped this trial early; its metrics end where it was judged.",
+               "stopped": "Stopped to be resumed (--resume continues it)."}
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
 RETRY_WAITS_S = (1, 2, 4, 8, 16)  # ~30 s: long enough for a tracking server to restart
 
@@ -308,6 +312,7 @@ class Tracker:
 
     def _finish(self, run_id: str, state: str) -> None:
         self.client.set_tag(run_id, "state", state)
+        self.client.set_tag(run_id, "mlflow.note.content", DESCRIPTION.get(state, ""))  # the run page's description
         status = STATUS.get(state, RunStatus.FAILED)
         self.client.set_terminated(run_id, RunStatus.to_string(status))
 
@@ -316,6 +321,7 @@ class Tracker:
         run = self.client.get_run(run_id)
         self.client.update_run(run_id, status="RUNNING")
         self.client.set_tag(run_id, "state", "running")
+        self.client.set_tag(run_id, "mlflow.note.content", "")
         self.client.set_tag(run_id, "resumes", str(int(run.data.tags.get("resumes", "0")) + 1))
         return run_id
 
