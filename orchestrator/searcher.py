@@ -4,7 +4,8 @@ Ray's `OptunaSearch` keys intermediate values by Tune's report count and tells a
 scheduler stopped `COMPLETE`, with its last (early) value as if final. Here intermediate values are
 keyed by the RL step of the validation they come from (step 0: the base policy), a trial stopped
 before the last step is `PRUNED`, and each Optuna trial carries the Tune trial id and the MLflow runs
-recording it, so the dashboard, the report and MLflow say the same thing about every trial.
+recording it, so the dashboard, the report and MLflow say the same thing about every trial. A
+proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever.
 """
 
 from __future__ import annotations
@@ -35,6 +36,25 @@ class StepOptunaSearch(OptunaSearch):
         with warnings.catch_warnings():  # set_metric_names is marked experimental since Optuna 3.2
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self._ot_study.set_metric_names(list(self.metric) if isinstance(self.metric, list) else [self.metric])
+
+    def suggest(self, trial_id: str) -> dict | None:
+        config = super().suggest(trial_id)
+        if trial_id in self._ot_trials:  # from the proposal on: a proposal Tune never saw can be told apart
+            self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
+        return config
+
+    def restore(self, checkpoint_path: str) -> None:
+        """The searcher as Tune last saved it. A trial the study holds `RUNNING` that the saved searcher
+        does not know was proposed after that save and lost with the driver: it never ran, and is `FAIL`."""
+        import optuna
+
+        super().restore(checkpoint_path)
+        known = {trial.number for trial in self._ot_trials.values()}
+        for lost in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if lost.number not in known:
+                optuna.trial.Trial(self._ot_study, lost._trial_id).set_user_attr(
+                    "lost", "proposed just before the driver was lost; Tune never started it")
+                self._ot_study.tell(lost.number, state=TrialState.FAIL)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials or self.metric not in result:

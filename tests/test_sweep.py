@@ -73,6 +73,30 @@ def test_optuna_state_is_the_trials_end():
     assert trials["errored"].intermediate_values == {0: 0.05, 10: 0.1}
 
 
+def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
+    """Tune saved its searcher after proposing "kept"; "lost" was proposed (written to the study) just
+    before the driver died: the restored searcher marks it FAIL, and "kept" runs on."""
+    from orchestrator.searcher import StepOptunaSearch
+
+    def searcher():
+        return StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
+                                mode="max", storage=optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}"),
+                                study_name="s")
+
+    before = searcher()
+    before.suggest("kept")
+    before.save(str(tmp_path / "searcher.pkl"))
+    before.suggest("lost")
+    after = searcher()
+    after.restore(str(tmp_path / "searcher.pkl"))
+    trials = {t.user_attrs["tune_trial_id"]: t for t in optuna.load_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}").trials}
+    assert trials["kept"].state == optuna.trial.TrialState.RUNNING
+    assert trials["lost"].state == optuna.trial.TrialState.FAIL and "driver" in trials["lost"].user_attrs["lost"]
+    after.on_trial_complete("kept", {"val/accuracy": 0.5, "progress/step": 3, "progress/steps": 3})
+    assert after._ot_study.trials[0].state == optuna.trial.TrialState.COMPLETE
+
+
 def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator.sweep", "search_spaces/ead.yaml", "--dry-run",
                           "--storage", str(tmp_path)], capture_output=True, text=True, timeout=120)
