@@ -20,7 +20,7 @@ from ray.tune import Callback
 from orchestrator.console import console, short_params
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
 from orchestrator.lease import Lease, check_settings, release_all
-from orchestrator.launch import init_ray, load_offline, logical_cpus, storage_uri
+from orchestrator.launch import check_shared_storage, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
 from orchestrator.spec import SpecError
@@ -31,6 +31,10 @@ from trainables.data.bootstrap import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
+
+
+STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
+HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 
 
 class ExperimentFailed(RuntimeError):
@@ -75,12 +79,14 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
         raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
                         f"http://HOST:5000 (the default sqlite store is a local file)")
     tracking_uri = tracking_uri or default_tracking_uri(storage)
+    init_ray(cpus_per_trial)
+    check_shared_storage(storage)
     tracker = Tracker(tracking_uri, base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    init_ray(cpus_per_trial)
     stop = StopRequest(uri)
     stop.clear()
     exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease)
+    STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
 
@@ -119,10 +125,15 @@ def cli(run, parser_, argv: list[str] | None) -> int:
             if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
                 raise SpecError(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
         return run(args.spec, args)
-    except (SpecError, FileNotFoundError, ExperimentFailed) as e:
+    except BaseException as e:  # the experiment's MLflow run never stays "running" after its command ended
+        for exp in STARTED:
+            exp.tracker.close_if_running(exp.parent, "stopped" if isinstance(e, KeyboardInterrupt) else "errored")
+        if not isinstance(e, (SpecError, FileNotFoundError, ExperimentFailed)):
+            raise
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
     finally:
+        STARTED.clear()
         release_all()
 
 
@@ -270,7 +281,10 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
     # Results as JSON and CSV (what ExperimentAnalysis reads), without TensorBoard files in Ray's temp folder.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    trainable = tune.with_resources(trainable, {"CPU": 0.5})  # the driver only: Train workers reserve their own
+    # A trial's driver (and with it its Ray Train controller, which follows its driver's node) lives on the
+    # head: a spot node taken away takes learner ranks and engines, which come back, never a trial's
+    # driver. It reserves no CPU (a cluster's head often has none to give); Train workers reserve their own.
+    trainable = tune.with_resources(trainable, {"CPU": 0, HEAD_NODE: 0.001})
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
         return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
     config = tune_config()

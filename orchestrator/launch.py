@@ -49,7 +49,7 @@ def logical_cpus(cfg: TrialConfig) -> int:
 
 def worker_resources(cfg: TrialConfig) -> dict[str, float]:
     """One learner rank's resources; colocated, it leaves room on its GPU for the rollout engine."""
-    resources = {"CPU": cfg.learner.cpus_per_worker}
+    resources = {"CPU": cfg.learner.cpus_per_worker, **cfg.learner.resources}
     if cfg.learner.use_gpu:
         resources["GPU"] = 1 - cfg.rollout.num_gpus if cfg.rollout.colocate else 1
     return resources
@@ -72,6 +72,44 @@ def init_ray(num_cpus: int) -> None:
         # about it every few seconds.
         ray.init(num_cpus=num_cpus, runtime_env={"env_vars": env}, include_dashboard=True,
                  dashboard_host="127.0.0.1", log_to_driver=True)
+
+
+# Filesystems every node of a cluster can mount: a folder on one of them is a storage a cluster can share.
+SHARED_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "ceph", "glusterfs", "beegfs", "9p")
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem holding `path` (its longest mount point in /proc/mounts), or "" unknown."""
+    target, best, kind = str(Path(path).expanduser().resolve()), "", ""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in mounts:
+        _, point, fstype, *_ = line.split()
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            best, kind = point, fstype
+    return kind
+
+
+def storage_problem(storage: str, hosts: set[str], fstype: str) -> str | None:
+    """Why `storage` cannot serve a cluster whose nodes run on `hosts` (None: it can). Checkpoints are
+    written by learner ranks on any node and read back on whichever node a trial restarts: a folder
+    only one machine sees loses them."""
+    if "://" in storage or len(hosts) < 2 or fstype in SHARED_FILESYSTEMS or fstype.startswith("fuse."):
+        return None
+    return (f"storage: {storage} is a folder on this machine ({fstype or 'unknown'} filesystem), but the Ray "
+            f"cluster has nodes on {len(hosts)} hosts; give a folder every node mounts (NFS, Lustre, ...) or a "
+            f"URI (s3://, gs://)")
+
+
+def check_shared_storage(storage: str) -> None:
+    """At start, on the cluster joined: refuse a local-only storage when the nodes span several hosts."""
+    import ray
+
+    hosts = {node["NodeManagerHostname"] for node in ray.nodes() if node["Alive"]}
+    if problem := storage_problem(storage, hosts, "" if "://" in storage else filesystem_type(storage)):
+        raise SpecError(problem)
 
 
 def load_offline(cfg: TrialConfig, model_path: Path) -> OfflineStore | None:

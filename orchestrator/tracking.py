@@ -301,6 +301,15 @@ class Tracker:
         if run_id is not None:
             self._retried("closing the run", self._finish, run_id, state)
 
+    def close_if_running(self, run_id: str | None, state: str) -> None:
+        """Close a run still marked running (a command that ended by an error or Ctrl-C) as `state`."""
+        if run_id is not None:
+            self._retried("closing the run", self._close_if_running, run_id, state)
+
+    def _close_if_running(self, run_id: str, state: str) -> None:
+        if self.client.get_run(run_id).info.status == "RUNNING":
+            self._finish(run_id, state)
+
     def finish_sweep_trial(self, sweep: str, trial_id: str, state: str) -> None:
         """Close a sweep trial's run, found by its tags (the Tune callback knows no run id)."""
         self._retried("closing the trial run", self._finish_sweep_trial, sweep, trial_id, state)

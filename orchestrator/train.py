@@ -21,7 +21,8 @@ from rich.table import Table
 
 from orchestrator.console import console, number_table
 from orchestrator.lease import Lease, check_settings, release_all
-from orchestrator.launch import BEST_SPEC, fit_trial, init_ray, load_offline, logical_cpus, storage_uri
+from orchestrator.launch import (BEST_SPEC, check_shared_storage, fit_trial, init_ray, load_offline, logical_cpus,
+                                 storage_uri)
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
@@ -56,26 +57,30 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
     model_path = resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     store = load_offline(cfg, model_path)
+    started_at = time.time()  # start-up: Ray, the engines, the worker group, DeepSpeed
+    init_ray(logical_cpus(cfg))
+    check_shared_storage(cfg.storage)
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)
     tracker = Tracker(uri, cfg.logging.experiment)
     run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"}, resume=resume)
-    if store is not None:
-        tracker.log_offline_store(run_id, store)
-    console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
-    started_at = time.time()  # start-up: Ray, the engines, the worker group, DeepSpeed
-    init_ray(logical_cpus(cfg))
-    stop = StopRequest(f"{cfg.storage}/{cfg.name}")
-    stop.clear()
-    stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
-    start = time.perf_counter()
     state = "errored"
-    try:
+    try:  # the run is closed on every way out: finished, stopped, errored, Ctrl-C
+        if store is not None:
+            tracker.log_offline_store(run_id, store)
+        console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
+        stop = StopRequest(f"{cfg.storage}/{cfg.name}")
+        stop.clear()
+        stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
+        start = time.perf_counter()
         result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store,
                            stop_file=stop.uri, started_at=started_at)
         if result.error:
             raise result.error
         metrics = dict(result.metrics or {})
         state = "stopped" if metrics.get("progress/preempted") else "finished"
+    except KeyboardInterrupt:
+        state = "stopped"  # its checkpoints stay: --resume continues it
+        raise
     finally:
         tracker.finish(run_id, state)
     done = int(metrics.get("progress/step", 0))

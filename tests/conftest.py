@@ -1,4 +1,4 @@
-"""Shared fixtures: one local Ray cluster, the embedded tiny model and the SmolLM2 preset, each once a session."""
+"""Shared fixtures: one local Ray cluster (a multi-node one where a module starts its own), the embedded tiny model and the SmolLM2 preset, each once a session."""
 
 from __future__ import annotations
 
@@ -32,15 +32,22 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_session():
     import ray
 
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(ray_session):
+    """The suite's one local cluster, shared by every module; started again after a module that ran a
+    cluster of its own (tests/test_cluster.py)."""
     from orchestrator.launch import WORKER_ENV, init_ray
 
     os.environ.update(WORKER_ENV)
-    init_ray(num_cpus=6)
-    yield ray
-    ray.shutdown()
+    init_ray(num_cpus=6)  # nothing when it runs already
+    return ray_session
 
 
 @pytest.fixture

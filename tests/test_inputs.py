@@ -167,3 +167,26 @@ def test_paths_that_are_files(capsys, tmp_path, key):
     refused(capsys, train.main, args, key, str(file))
     refused(capsys, sweep.main, [EAD, "--set", f"{key}={file}", "--storage", str(tmp_path / "s")]
             if key == "cache_dir" else [EAD, "--storage", str(file)], str(file))
+
+
+@pytest.mark.parametrize(("storage", "hosts", "fstype", "refused"), [
+    ("/home/me/runs", {"head", "gpu-1"}, "ext4", True),      # a folder only the head sees
+    ("/home/me/runs", {"head", "gpu-1", "gpu-2"}, "", True),  # unknown filesystem: not shown to be shared
+    ("/mnt/team/runs", {"head", "gpu-1"}, "nfs4", False),    # every node mounts it
+    ("/mnt/bucket/runs", {"head", "gpu-1"}, "fuse.s3fs", False),
+    ("s3://bucket/runs", {"head", "gpu-1"}, "", False),
+    ("/home/me/runs", {"laptop"}, "ext4", False),            # one machine, however many raylets
+])
+def test_a_local_storage_is_refused_on_a_cluster_of_several_hosts(storage, hosts, fstype, refused):
+    from orchestrator.launch import storage_problem
+
+    problem = storage_problem(storage, hosts, fstype)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem.startswith(f"storage: {storage}") and "URI" in problem and "\n" not in problem
+
+
+def test_the_filesystem_of_a_folder_is_read_from_the_mounts(tmp_path):
+    from orchestrator.launch import filesystem_type
+
+    assert filesystem_type("/proc/self") == "proc" and filesystem_type(str(tmp_path))

@@ -14,111 +14,17 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
-import threading
-import time
-from pathlib import Path
 
 import optuna
 import pytest
 import torch
-import yaml
-from mlflow.tracking import MlflowClient
 
+from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, history, logged_step, logged_steps,
+                    runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
 from orchestrator import train
 from orchestrator.preempt import STOPPED_EXIT_CODE
-from orchestrator.spec import load_trial_spec
-from orchestrator.tracking import default_tracking_uri
 from trainables.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
                                    write_manifest)
-
-EVERY = 2
-# 16 prompts a step (the spec has 8): steps of ~1.3 s here, so a signal sent once step 3 is logged reaches the
-# trial before step 4's stop check; at 0.65 s a step it sometimes did not, and the trial ran to its end.
-# Two learner ranks (the spec has one): a rank lost mid-trial, and checkpoints written by both.
-TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16",
-         "validation.samples=2", "learner.prompts_per_step=16", "learner.num_workers=2"]
-# Wall-clock figures, the record of the faults themselves, and a sweep's summary over a configuration's seeds.
-NOT_COMPARED = ("timing/", "faults/", "config/")
-
-
-def trial_cfg(storage: Path, *overrides: str):
-    return load_trial_spec("search_spaces/ead.yaml", [f"storage={storage}", *TRIAL, *overrides])
-
-
-def runs(storage: Path, kind: str = "trial") -> list:
-    client = MlflowClient(default_tracking_uri(str(storage)))
-    experiment = client.get_experiment_by_name("rlvr-explore")
-    return [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("kind") == kind]
-
-
-def history(storage: Path, run=None) -> dict[str, list[tuple[int, float]]]:
-    """The compared metric history of the storage's only trial run (or of `run`)."""
-    if run is None:
-        (run,) = runs(storage)  # one MLflow run per trial, however often it was resumed
-    client = MlflowClient(default_tracking_uri(str(storage)))
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-            for key in run.data.metrics if not key.startswith(NOT_COMPARED)}
-
-
-def fault_metrics(storage: Path, run=None) -> dict[str, list[float]]:
-    if run is None:
-        (run,) = runs(storage)
-    client = MlflowClient(default_tracking_uri(str(storage)))
-    return {key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
-            for key in run.data.metrics if key.startswith("faults/")}
-
-
-def logged_steps(storage: Path) -> list[int]:
-    """RL steps logged so far by each trial run in the storage, oldest run first ([] before any)."""
-    try:
-        client = MlflowClient(default_tracking_uri(str(storage)))
-        return [max((int(m.value) for m in client.get_metric_history(run.info.run_id, "progress/step")), default=0)
-                for run in sorted(runs(storage), key=lambda r: r.info.start_time)]
-    except Exception:  # noqa: BLE001 - the store is still being created
-        return []
-
-
-def logged_step(storage: Path) -> int:
-    return max(logged_steps(storage), default=0)
-
-
-def when(ready, action) -> threading.Thread:
-    """Run `action()` in a thread as soon as `ready()` holds."""
-    def watch():
-        deadline = time.time() + 600
-        while not ready() and time.time() < deadline:
-            time.sleep(0.2)
-        action()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
-def when_step(storage: Path, step: int, action) -> threading.Thread:
-    """Run `action()` as soon as the trial in `storage` has logged `step` RL steps and Ray Train has
-    committed a checkpoint (it does so at its next poll of the workers, within ~2 s of the save)."""
-    return when(lambda: logged_step(storage) >= step and committed(storage) >= [1], action)
-
-
-def committed(storage: Path) -> list[int]:
-    """Checkpoints committed by each Train run under `storage`, in descending order."""
-    counts = [len(json.loads(p.read_text())["checkpoint_results"])
-              for p in storage.rglob("checkpoint_manager_snapshot.json")]
-    return sorted(counts, reverse=True)
-
-
-def sigkill_actor(class_name: str) -> None:
-    from ray.util.state import list_actors
-
-    (actor, *_) = list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")])
-    os.kill(actor.pid, signal.SIGKILL)
-
-
-def driver_env(ray_cluster) -> dict[str, str]:
-    """A CLI driver joins the tests' cluster, as a driver joins a real cluster (RAY_ADDRESS)."""
-    return {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
 
 
 @pytest.fixture(scope="module")
@@ -253,26 +159,11 @@ def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, r
     assert run.data.tags["state"] == "finished" and run.data.tags["resumes"] == "1"
 
 
-SWEEP = """
-search:
-  metric: val/accuracy
-  mode: max
-  num_samples: 3
-  max_concurrent_trials: 1
-  seed: 0
-  scheduler: {name: none}
-  points_to_evaluate: [{rollout.decoding.ead.tau_max: 1.0}, {rollout.decoding.ead.tau_max: 1.2}]
-  space:
-    rollout.decoding.ead.tau_max: {uniform: [0.8, 1.6]}
-"""
 
 
 @pytest.mark.slow
 def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp_path):
-    base = yaml.safe_load(open("search_spaces/ead.yaml"))
-    base.pop("search")
-    spec = tmp_path / "sweep.yaml"
-    spec.write_text(yaml.safe_dump(base) + textwrap.dedent(SWEEP))
+    spec = sweep_spec(tmp_path)
     command = [sys.executable, "-m", "orchestrator.sweep", str(spec), "--name", "s", "--storage", str(tmp_path),
                *[arg for o in TRIAL for arg in ("--set", o)]]
     driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

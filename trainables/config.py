@@ -44,6 +44,20 @@ LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
 Name = Annotated[str, AfterValidator(one_path_component)]
 
 
+def custom_resources(resources: dict[str, float]) -> dict[str, float]:
+    """Ray custom resources: names of the cluster's own (CPU, GPU, memory are set by their own fields)."""
+    for key in resources:
+        if key in ("CPU", "GPU", "memory", "object_store_memory") or not key.strip():
+            raise ValueError(f"{key!r} is not a custom resource (CPUs and GPUs have fields of their own)")
+    return resources
+
+
+# {"spot": 1}: each actor reserves one `spot` on a node started with --resources='{"spot": 8}'.
+CustomResources = Annotated[dict[str, Annotated[float, Field(gt=0, le=1e6)]], AfterValidator(custom_resources)]
+RESOURCES_HELP = ("Ray custom resources each {what} reserves, placing it on the nodes that have them (e.g. "
+                  "{{spot: 1}} for nodes started with --resources='{{\"spot\": 8}}').")
+
+
 class Section(BaseModel):
     """A spec section: unknown keys are errors, assignments are re-validated."""
 
@@ -221,6 +235,7 @@ class RolloutConfig(Section):
         "token", description="TIS ratio per token (the EAD official code, default) or per sequence (the "
         "ratio of the whole response, as the EAD paper writes it).")
     num_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved for the rollout actor.")
+    resources: CustomResources = Field(default_factory=dict, description=RESOURCES_HELP.format(what="engine"))
     weight_transfer: Literal["object_store", "gloo", "nccl", "ipc"] = Field(
         "object_store", description="How the learner's weights reach the engines: object_store (one copy in "
         "Ray's object store, fetched by each engine), gloo (bucketed broadcast over a gloo group of its own; "
@@ -307,6 +322,7 @@ class LearnerConfig(Section):
     num_workers: PositiveInt = Field(2, description="Data-parallel learner ranks (Ray Train workers).")
     cpus_per_worker: float = Field(1.0, gt=0, description="Logical CPUs per learner rank.")
     use_gpu: bool = Field(False, description="One GPU per learner rank.")
+    resources: CustomResources = Field(default_factory=dict, description=RESOURCES_HELP.format(what="learner rank"))
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
     steps: PositiveInt = Field(30, description="RL steps (rollout + update rounds).")
     prompts_per_step: PositiveInt = Field(8, description="Prompts per RL step, over all ranks.")

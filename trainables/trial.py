@@ -53,6 +53,7 @@ from trainables.evaluation import avg_at_k_se, macro_row, metric_key
 from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
 from trainables.losses import tis_weights
+from trainables.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice
 from trainables.rewards.verify import REASONS
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.push import weight_push
@@ -176,6 +177,7 @@ class Trial:
         self.save_seconds: float | None = None  # the latest checkpoint's cost, for the deadline
         self.last_step_seconds: float | None = None
         self.service_losses = 0  # rank 0: rollout-service calls lost to a dead service, re-synced and retried
+        self.notices = Notices(self.rank, engines)  # drains and SIGTERM: checkpoint before the resources go
 
     @property
     def latest_val(self) -> dict[str, float]:
@@ -590,14 +592,17 @@ class Trial:
             self.log(step, metrics)
             self.print_progress(step, metrics)
             stop = not last and self.stop_requested()
+            notice = None if last or stop else self.notices.new()
             # Every report carries the latest validation, so Tune's schedulers always see the objective.
             reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
             if self.val_history:  # which step that validation is of: a searcher keys its value by it
                 reported[VAL_STEP] = self.val_history[-1][0]
             start, saved = time.perf_counter(), {}
-            if last or stop or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
+            if last or stop or notice or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 self.save_checkpoint(step, reported)
                 saved = {"timing/checkpoint": self.save_seconds}
+                if notice:
+                    self.after_notice(step, notice)
             elif (step + 1) % cfg.logging.report_every == 0 or validated:
                 ray.train.report(reported)
             else:
@@ -608,6 +613,15 @@ class Trial:
                     print(f"[trial {cfg.name}] stopped after step {step + 1} with a checkpoint; "
                           f"--resume continues it", flush=True)
                 return
+
+    def after_notice(self, step: int, notice: str) -> None:
+        """Checkpointed for a notice: say so; a SIGTERM'd process then leaves (Ray Train restarts the ranks
+        from this checkpoint), a drain lets training go on until Ray Train moves the ranks at its deadline."""
+        if self.rank == 0:
+            print(f"[trial {self.cfg.name}] {notice}: checkpointed after step {step + 1}", flush=True)
+        if self.notices.terminating:
+            raise WorkerTerminating(f"trial {self.cfg.name}: {notice}; restarting from the checkpoint after step "
+                                    f"{step + 1}")
 
     def startup_breakdown(self) -> dict[str, float]:
         """timing/startup (the driver's start to the first step) and its stages: workers (Ray, the
@@ -674,11 +688,14 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point; `config` carries the validated trial spec as plain data."""
     cfg = TrialConfig.model_validate(config["trial"])
     quiet_report_log()
+    arm_sigterm_notice()
     trial = Trial(cfg, config["model_path"], config["rollout_engines"], config["verifier"], config.get("tracking", {}),
                   store=config.get("offline_store"), embedder=config.get("embedding_service"),
                   stop_file=config.get("stop_file"), started_at=config.get("started_at"))
+    TRAINING.set()
     try:
         trial.run()
     finally:
+        TRAINING.clear()
         if trial.logger is not None:
             trial.logger.close()  # what is queued reaches MLflow before the driver closes the run

@@ -111,6 +111,7 @@ class RolloutService:
         return {
             "backend": self.backend,
             "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "weight_version": self.engine.weight_version,
             "load_seconds": self.load_seconds,
         }
@@ -121,15 +122,16 @@ def start_rollout_service(cfg: RolloutConfig, model_path: str | Path, *, name: s
     """Create one rollout actor; Ray restarts it (in its placement-group bundle) whenever its process dies."""
     # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
     actor = ray.remote(RolloutService).options(
-        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, name=name, get_if_exists=name is not None, max_restarts=-1,
-        scheduling_strategy=scheduling_strategy,
+        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=cfg.resources, name=name,
+        get_if_exists=name is not None, max_restarts=-1, scheduling_strategy=scheduling_strategy,
     )
     return actor.remote(cfg, str(model_path), max(1, int(cfg.num_cpus)))
 
 
 def engine_bundle(cfg: RolloutConfig) -> dict[str, float]:
-    """One engine's placement-group bundle: its CPUs and GPUs (a fraction of a learner's when colocated)."""
-    return {key: value for key, value in (("CPU", cfg.num_cpus), ("GPU", cfg.num_gpus)) if value}
+    """One engine's placement-group bundle: its CPUs and GPUs (a fraction of a learner's when colocated)
+    and custom resources."""
+    return {key: value for key, value in (("CPU", cfg.num_cpus), ("GPU", cfg.num_gpus)) if value} | cfg.resources
 
 
 def engine_group_name(trial: str) -> str:

@@ -1,0 +1,141 @@
+"""A multi-node Ray cluster on one machine (`ray.cluster_utils.Cluster`: a head and a worker raylet), used
+the way spot GPU nodes are: the worker node drained with a preemption notice, SIGTERM to a learner's
+process, the worker node taken away mid-sweep and replaced. The learner ranks and the engines sit on the
+worker node (custom resource `spot`), the trial drivers on the head. Every interrupted run must end with
+the uninterrupted run's metric history, bit for bit, having lost no trial.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from faults import TRIAL, committed, fault_metrics, history, logged_step, logged_steps, runs, sweep_spec, trial_cfg
+from orchestrator import train
+from orchestrator.launch import check_shared_storage
+
+SPOT = ["learner.resources={spot: 1}", "rollout.resources={spot: 1}"]  # two ranks and one engine per node
+WORKER = {"num_cpus": 3, "resources": {"spot": 3}}
+ENV = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}  # Ray Train's drain watcher (5 s by default) within a step
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_path):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from orchestrator.launch import WORKER_ENV, init_ray
+
+    ray.shutdown()  # the suite's one-node cluster: the next module that needs it starts it again
+    saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS", *ENV)}
+    os.environ.update({**WORKER_ENV, **ENV})  # the raylets, and every process they start, inherit it
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(**WORKER)
+    os.environ["RAY_ADDRESS"] = cluster.address  # as a driver joins a real cluster
+    init_ray(0)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    for key, value in saved.items():
+        os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+
+
+def spot_node(cluster):
+    (node,) = [n for n in cluster.worker_nodes if n.all_processes]  # the one alive
+    return node
+
+
+def replace(cluster, node) -> None:
+    """A spot node reclaimed: its replacement joins, then the node and every process on it vanish."""
+    cluster.add_node(**WORKER)
+    cluster.remove_node(node, allow_graceful=False)
+
+
+def command(module: str, storage: Path, *overrides: str, spec: str = "search_spaces/ead.yaml",
+            flags: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A CLI driver joining the cluster (RAY_ADDRESS), as on a real one; the test's own thread stays free
+    to add and remove nodes (Ray starts a node only from a process's main thread)."""
+    sets = [arg for o in [f"storage={storage}", *TRIAL, *SPOT, *overrides] for arg in ("--set", o)]
+    return subprocess.Popen([sys.executable, "-m", f"orchestrator.{module}", spec, *sets, *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until(ready, driver: subprocess.Popen, timeout_s: float = 600) -> None:
+    deadline = time.time() + timeout_s
+    while not ready():
+        assert driver.poll() is None, driver.stdout.read()[-3000:]  # ended before the fault could strike
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def finish(driver: subprocess.Popen) -> str:
+    out, _ = driver.communicate(timeout=900)
+    assert driver.returncode == 0, out[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> dict:
+    storage = tmp_path_factory.mktemp("reference")
+    train.run(trial_cfg(storage, *SPOT))
+    return history(storage)
+
+
+@pytest.mark.slow
+def test_a_drained_node_checkpoints_first_then_the_trial_moves(cluster, reference, tmp_path):
+    """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (the autoscaler's and KubeRay's notice) on the
+    node of the ranks and the engine: the trial checkpoints at its next step boundary (it checkpoints
+    nowhere else here), the node goes, and the trial goes on from that checkpoint on the replacement."""
+    node = spot_node(cluster)
+    driver = command("train", tmp_path, "checkpoint.every=0")
+    wait_until(lambda: logged_step(tmp_path) >= 1, driver)
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address", cluster.address,
+                    "--node-id", node.node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                    "--reason-message", "spot reclaim", "--deadline-remaining-seconds", "120"], check=True)
+    wait_until(lambda: committed(tmp_path) >= [1], driver)
+    replace(cluster, node)
+    assert "drains: checkpointed after step" in finish(driver)
+    assert history(tmp_path) == reference
+    (resumed_from,) = fault_metrics(tmp_path)["faults/resumed_from_step"]
+    assert 2 <= resumed_from <= 4  # the notice's checkpoint: the only one before the last step
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_learner_process_checkpoints_then_restarts(cluster, reference, tmp_path):
+    driver = command("train", tmp_path, "checkpoint.every=0")
+    wait_until(lambda: logged_step(tmp_path) >= 2, driver)
+    pids = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    os.kill(int(pids[-1]), signal.SIGTERM)
+    assert "a learner process got SIGTERM: checkpointed after step" in finish(driver)
+    assert history(tmp_path) == reference
+    (resumed_from,) = fault_metrics(tmp_path)["faults/resumed_from_step"]
+    assert 3 <= resumed_from <= 4
+
+
+@pytest.mark.slow
+def test_a_sweep_loses_no_trial_when_its_spot_node_vanishes(cluster, reference, tmp_path):
+    """Two trials; the second (the reference's settings) loses its node after its first checkpoint. Its
+    driver, on the head, lives on; its ranks and engine come back on the replacement node."""
+    driver = command("sweep", tmp_path, spec=str(sweep_spec(tmp_path)), flags=("--name", "s", "--num-samples", "2"))
+    wait_until(lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1], driver)
+    replace(cluster, spot_node(cluster))
+    finish(driver)
+    trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)}
+    assert sorted(trials) == ["1.0", "1.2"]
+    assert {(r.data.tags["state"], r.info.status) for r in trials.values()} == {("finished", "FINISHED")}
+    assert history(tmp_path, trials["1.2"]) == reference
+    assert fault_metrics(tmp_path, trials["1.2"])["faults/resumed_from_step"]  # it did lose its node
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'optuna.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+
+
+def test_a_folder_on_one_machine_serves_a_cluster_on_one_machine(cluster, tmp_path):
+    check_shared_storage(str(tmp_path))  # every raylet here runs on this host: nothing to refuse
+
