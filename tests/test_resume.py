@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -22,6 +23,7 @@ import torch
 from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, history, logged_step, logged_steps,
                     runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
 from orchestrator import train
+from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from trainables.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
                                    write_manifest)
@@ -159,8 +161,6 @@ def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, r
     assert run.data.tags["state"] == "finished" and run.data.tags["resumes"] == "1"
 
 
-
-
 @pytest.mark.slow
 def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp_path):
     spec = sweep_spec(tmp_path)
@@ -208,3 +208,68 @@ def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     proposed = [t.params["rollout.decoding.ead.tau_max"] for t in study.trials]
     assert proposed[:2] == [1.0, 1.2] and proposed[2] not in (1.0, 1.2)
+
+
+def kill_session(driver: subprocess.Popen) -> None:
+    """A spot VM vanishing: the driver and its local Ray cluster (every process of its session) die at once."""
+    while pids := subprocess.run(["pgrep", "-s", str(driver.pid)], capture_output=True, text=True).stdout.split():
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        driver.poll()  # reaps the driver, whose zombie pgrep would list forever
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_cluster, tmp_path):
+    """The sweep's driver runs its own local Ray cluster; at the second trial's first checkpoint the whole
+    machine goes (driver, GCS, raylet, workers). The same command with --resume on a fresh cluster
+    finishes it, and MLflow, Tune and Optuna each say what happened to every trial."""
+    ray_cluster.shutdown()  # this machine runs one cluster at a time: the sweep's own
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "orchestrator.sweep", str(sweep_spec(tmp_path)), "--name", "s", "--storage",
+               str(tmp_path), "--num-samples", "2", "--set", "search.scheduler={name: asha, grace_period: 4}",
+               *[arg for o in TRIAL for arg in ("--set", o)]]
+    try:
+        driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        when(lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1],
+             lambda: kill_session(driver)).join()
+        driver.wait(timeout=60)
+        resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    finally:
+        init_ray(num_cpus=6)  # the suite's cluster again
+
+    # Each store says what happened to each trial, and they agree: ASHA may stop one at step 4 (pruned
+    # everywhere) or let it run to step 5 (finished everywhere, the killed one with the uninterrupted
+    # history, each step once).
+    from ray import tune
+
+    def trainable(config):  # Tune checks the name only: reading results runs nothing
+        raise AssertionError("not run")
+
+    grid = tune.Tuner.restore(str(tmp_path / "s" / "tune"), trainable).get_results()
+    final = {r.config["rollout.decoding.ead.tau_max"]: r.metrics for r in grid}
+    assert sorted(final) == [1.0, 1.2] and all(m["progress/step"] >= 4 for m in final.values())
+    (parent,) = runs(tmp_path, "sweep")
+    assert parent.data.tags["state"] == "finished" and parent.info.status == "FINISHED"
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'optuna.db'}")
+    proposals = [t for t in study.trials if "lost" not in t.user_attrs]  # never started: FAIL, and said so
+    assert len(proposals) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in study.trials
+                                       if "lost" in t.user_attrs)
+    optuna_state = {t.params["rollout.decoding.ead.tau_max"]: t.state for t in proposals}
+    for tau, run in ((float(r.data.params["rollout.decoding.ead.tau_max"]), r) for r in runs(tmp_path)):
+        finished = final[tau]["progress/step"] == 5
+        assert (run.data.tags["state"], run.info.status) == ("finished" if finished else "pruned", "FINISHED")
+        assert optuna_state[tau] == (optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.PRUNED)
+        steps = [s for s, _ in history(tmp_path, run)["progress/step"]]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= final[tau]["progress/step"]
+    killed = next(r for r in runs(tmp_path) if r.data.params["rollout.decoding.ead.tau_max"] == "1.2")
+    if final[1.2]["progress/step"] == 5:
+        assert history(tmp_path, killed) == reference
+    assert {t.params["rollout.decoding.ead.tau_max"]: t.value for t in proposals
+            if t.state == optuna.trial.TrialState.COMPLETE} == {
+        tau: m["val/accuracy"] for tau, m in final.items() if m["progress/step"] == 5}
