@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from trainables.checkpoint import WEIGHTS_ONLY_ENV
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
 from trainables.data.tasks import load_offline_store, train_problems
+from trainables.rewards.verify import score_batch
 
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 
@@ -116,13 +118,23 @@ def load_offline(cfg: TrialConfig, model_path: Path) -> OfflineStore | None:
     """The teacher store of luffy / oger* (None for grpo), its per-teacher table printed."""
     if not cfg.preset.uses_offline:
         return None
+    import ray
     from transformers import AutoTokenizer
 
     train_set = train_problems(cfg)
+    score, verifier = score_batch, None
+    # A sweep's trial runs in Tune's thread, where math-verify has no time limit (signal.alarm works on a
+    # main thread only): there the verifier actor scores the teachers, on its own main thread.
+    if threading.current_thread() is not threading.main_thread():
+        verifier = start_verifier()
+        score = lambda responses, golds: ray.get(verifier.score.remote(responses, golds))  # noqa: E731
     try:
-        store = load_offline_store(cfg, AutoTokenizer.from_pretrained(model_path), train_set)
+        store = load_offline_store(cfg, AutoTokenizer.from_pretrained(model_path), train_set, score=score)
     except ValueError as e:  # an empty store: the message says why every row was dropped
         raise SpecError(f"offline: {e}") from None
+    finally:
+        if verifier is not None:
+            ray.kill(verifier)
     console.print(f"offline store: {len(store)} teacher trajectories for {len(store.prompts)} prompts")
     print(store.format_table())
     return store

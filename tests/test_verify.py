@@ -115,3 +115,26 @@ def test_verifier_actor_keeps_math_verify_timeouts(ray_cluster):
         ["<think>2+2</think> \\boxed{4}", "<think>x</think> \\boxed{5}"], ["4", "4"]))
     assert rewards == [1.0, 0.0] and reasons["correct"] == 1 and reasons["wrong"] == 1
     ray_cluster.kill(verifier)
+
+
+def test_offline_teachers_scored_in_tunes_thread_keep_the_time_limit(ray_cluster, tiny_model_path, monkeypatch):
+    """A sweep's trial loads its teachers in Tune's runner thread, where math-verify would run without a
+    time limit: there the verifier actor scores them, and the store is the one the main thread builds."""
+    from orchestrator import launch
+    from orchestrator.spec import load_trial_spec
+
+    cfg = load_trial_spec("search_spaces/ead.yaml", ["algorithm.name=luffy"])
+    scorers = []
+    real = launch.load_offline_store
+
+    def recording(cfg, tokenizer, train, score):
+        scorers.append(score)
+        return real(cfg, tokenizer, train, score=score)
+
+    monkeypatch.setattr(launch, "load_offline_store", recording)
+    stores = [launch.load_offline(cfg, tiny_model_path)]
+    thread = threading.Thread(target=lambda: stores.append(launch.load_offline(cfg, tiny_model_path)))
+    thread.start()
+    thread.join()
+    assert scorers[0] is score_batch and scorers[1] is not score_batch
+    assert [len(s) for s in stores] == [len(stores[0])] * 2 and stores[0].format_table() == stores[1].format_table()

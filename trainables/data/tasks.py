@@ -8,6 +8,7 @@ from trainables.config import PromptConfig, TaskConfig, TrialConfig
 from trainables.data.arithmetic import Problem, make_splits
 from trainables.data.offline import OfflineStore, build_store, builtin_rows, read_rows
 from trainables.data.prompts import PromptProblem, prompt_text
+from trainables.rewards.verify import score_batch
 
 
 def load_task(cfg: TaskConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
@@ -38,9 +39,9 @@ def encode_prompt(tokenizer, problem: PromptProblem, prompt: PromptConfig | None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem]) -> OfflineStore:
+def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem], score=score_batch) -> OfflineStore:
     """The trial's teacher trajectories: the built-in teachers on the train split, then any files,
-    filtered by the policy-token cap and the verifier (`trainables.data.offline`)."""
+    filtered by the policy-token cap and the verifier `score` (`trainables.data.offline`)."""
     off = cfg.offline
     rows = builtin_rows(train, teachers=off.teachers, seed=cfg.task_seed, wrong_rate=off.wrong_rate,
                         overlong_rate=off.overlong_rate) if off.teachers else []
@@ -56,7 +57,8 @@ def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem]) -> Off
     def count_tokens(text: str) -> int:  # with the EOS the learner appends
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
 
-    return build_store(rows, count_tokens=count_tokens, max_tokens=cfg.offline_max_tokens, skipped=skipped)
+    return build_store(rows, count_tokens=count_tokens, max_tokens=cfg.offline_max_tokens, score=score,
+                       skipped=skipped)
 
 
 def used_teachers(rows: list[dict], names: list[str], skipped: Counter) -> tuple[list[dict], Counter]:
