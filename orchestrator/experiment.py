@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,13 @@ from trainables.data.bootstrap import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
+# Closing a trial's MLflow runs, off Tune's loop: a slow or dead tracking server (up to ~30 s of retries a
+# call) never holds up the other trials; one thread keeps the closes in order, `closed()` waits for them.
+CLOSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-close")
+
+
+def closed() -> None:
+    CLOSER.submit(lambda: None).result()
 
 
 STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
@@ -220,7 +228,7 @@ class TrialStates(Callback):
         RUNNING.discard(trial.trial_id)
         for seed in self.seeds:  # a pruned trial's actors are killed before their `finally` runs
             remove_engine_group(seed_name(trial.trial_id, seed))
-        self.tracker.finish_sweep_trial(self.sweep, trial.trial_id, state)
+        CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
@@ -286,14 +294,17 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     # driver. It reserves no CPU (a cluster's head often has none to give); Train workers reserve their own.
     trainable = tune.with_resources(trainable, {"CPU": 0, HEAD_NODE: 0.001})
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
-        return tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
+        results = tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
+        closed()
+        return results
     config = tune_config()
     states = TrialStates(exp.tracker, exp.name, seeds, config.metric)
     # verbose=0: TrialStates prints a line per event, and each trial its steps.
     run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
                                 callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
-    tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
-    return tuner.fit()
+    results = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config).fit()
+    closed()  # every trial's runs closed before the report reads them
+    return results
 
 
 @dataclass

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 
 import optuna
@@ -71,6 +72,30 @@ def test_optuna_state_is_the_trials_end():
     assert trials["finished"].value == 0.30 and trials["finished"].intermediate_values == {0: 0.05, 10: 0.1, 20: 0.2, 30: 0.3}
     assert trials["pruned"].user_attrs["pruned_at_step"] == 10 and trials["pruned"].intermediate_values == {0: 0.05, 10: 0.1}
     assert trials["errored"].intermediate_values == {0: 0.05, 10: 0.1}
+
+
+def test_closing_a_trial_never_holds_up_tunes_loop(monkeypatch):
+    """A tracking server that takes 2 s to answer: Tune's callback returns at once, `closed()` waits."""
+    import types
+
+    from orchestrator import experiment
+    from trainables.rollout import service
+
+    class SlowTracker:
+        closed: list = []
+
+        def finish_sweep_trial(self, sweep, trial_id, state):
+            time.sleep(2)
+            self.closed.append((trial_id, state))
+
+    monkeypatch.setattr(service, "remove_engine_group", lambda name: None)
+    states = experiment.TrialStates(SlowTracker(), "s", [0], "val/accuracy")
+    trial = types.SimpleNamespace(trial_id="t1", config={}, last_result={"progress/step": 3, "progress/steps": 3})
+    start = time.perf_counter()
+    states.on_trial_complete(0, [], trial)
+    assert time.perf_counter() - start < 1 and SlowTracker.closed == []
+    experiment.closed()
+    assert SlowTracker.closed == [("t1", "finished")]
 
 
 def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
