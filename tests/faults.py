@@ -92,11 +92,12 @@ def committed(storage: Path) -> list[int]:
     return sorted(counts, reverse=True)
 
 
-def sigkill_actor(class_name: str) -> None:
+def sigkill_actor(class_name: str, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` (default: SIGKILL) to the process of a live actor of that class."""
     from ray.util.state import list_actors
 
     (actor, *_) = list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")])
-    os.kill(actor.pid, signal.SIGKILL)
+    os.kill(actor.pid, sig)
 
 
 def driver_env(ray_cluster) -> dict[str, str]:

@@ -97,6 +97,17 @@ def test_rollout_service_then_learner_worker_killed_mid_trial(reference, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_hung_engine_is_restarted_and_the_trial_goes_on(reference, tmp_path):
+    """SIGSTOP: the engine's process lives but never answers. Past checkpoint.actor_timeout_s the trial
+    restarts it, re-syncs its weights and asks again; nothing else changes."""
+    when(lambda: logged_step(tmp_path) >= 2, lambda: sigkill_actor("RolloutService", signal.SIGSTOP))
+    final = train.run(trial_cfg(tmp_path, "checkpoint.actor_timeout_s=10"))
+    assert final["progress/step"] == 5
+    assert history(tmp_path) == reference
+    assert max(fault_metrics(tmp_path)["faults/service_losses"]) >= 1
+
+
+@pytest.mark.slow
 def test_two_engines_fed_over_gloo_reproduce_the_one_engine_history(reference, tmp_path):
     from ray.util.state import list_actors, list_tasks
 

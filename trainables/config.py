@@ -414,6 +414,9 @@ class CheckpointConfig(Section):
     keep_best_by: str | None = Field(
         None, description="Rank kept checkpoints by this reported metric (e.g. val/accuracy) instead of age.")
     keep_best_mode: Literal["max", "min"] = Field("max", description="Whether keep_best_by is maximised.")
+    actor_timeout_s: PositiveFloat = Field(
+        1800.0, le=86400, description="A call to an engine, the verifier or the encoder that takes longer is a "
+        "hang: the actor is restarted and the call retried (trainables/calls.py).")
     max_failures: int = Field(
         3, ge=-1, description="Learner worker-group failures Ray Train recovers from the last checkpoint; "
         "-1: unlimited, 0: none.")

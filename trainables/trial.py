@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from ray.train.torch import get_device
 
+from trainables import calls
 from trainables.advantages import group_advantages, zero_std_fraction
 from trainables.artifacts import rollout_samples_jsonl, validation_curve
 from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, read_rank_state, rng_state,
@@ -192,8 +193,11 @@ class Trial:
         """Verifiable rewards [B] and reason counts of responses, from the trial's verifier actor; it
         judges each whole assistant turn (the prompt's prefill, then the response)."""
         turns = [self.cfg.prompt.completion(text) for text in texts]
-        rewards, reasons = ray.get(self.verifier.score.remote(turns, golds))
+        rewards, reasons = self.call(self.verifier, self.verifier.score.remote(turns, golds), "the verifier")
         return torch.tensor(rewards, dtype=torch.float32), reasons
+
+    def call(self, actor, ref, what: str):
+        return calls.get(actor, ref, self.cfg.checkpoint.actor_timeout_s, what)
 
     def score(self, rollouts: RolloutBatch, problems: list[Problem]) -> tuple[torch.Tensor, dict[str, int]]:
         """Rewards [P * n] of the rollouts against their problems' gold answers."""
@@ -248,10 +252,14 @@ class Trial:
         rollouts, error = None, None
         for _ in range(SERVICE_RETRIES + 1):
             if rollouts is None:
+                timeout_s = self.cfg.checkpoint.actor_timeout_s
                 try:
-                    rollouts = ray.get(self.service.generate.remote(prompts, n, spec, self.weight_version))
+                    rollouts = ray.get(self.service.generate.remote(prompts, n, spec, self.weight_version),
+                                       timeout=timeout_s)
                 except (ray.exceptions.RayActorError, StaleWeightsError) as e:
                     error = e
+                except ray.exceptions.GetTimeoutError:  # a hung engine: restarted, then re-synced like a lost one
+                    error = calls.restart_hung(self.service, "the rollout engine", timeout_s)
             if reduce_max(float(rollouts is None)) == 0:
                 return rollouts
             self.stop_if_engines_removed()
@@ -328,7 +336,7 @@ class Trial:
         last_entropy = last_token_entropy(entropy, batch.response_mask, finished, cfg.algorithm.last_token)
         embed, encoder_seconds = None, 0.0
         if embeddings is not None:
-            online_emb, offline_emb, encoder_seconds = ray.get(embeddings)
+            online_emb, offline_emb, encoder_seconds = self.call(self.embedder, embeddings, "the encoder")
             embed = lambda texts, keys: (online_emb, offline_emb)  # noqa: E731
         golds = [p.answer for p in problems]
 
@@ -427,8 +435,8 @@ class Trial:
                 tokens += [len(r) for r in rollouts.response_ids]
                 call += 1
         ends = np.cumsum([0] + [v.samples_of(name) for name, _ in mine])  # problem i's samples: ends[i]:ends[i+1]
-        verdicts = ray.get(self.verifier.judge.remote(
-            [(texts[ends[i] : ends[i + 1]], p.answer, bool(p.choices)) for i, (_, p) in enumerate(mine)]))
+        problems = [(texts[ends[i] : ends[i + 1]], p.answer, bool(p.choices)) for i, (_, p) in enumerate(mine)]
+        verdicts = self.call(self.verifier, self.verifier.judge.remote(problems), "the verifier")
         rows = [(name, p.uid, p.answer, correct, answers, sum(tokens[ends[i] : ends[i + 1]]))
                 for i, ((name, p), (correct, answers)) in enumerate(zip(mine, verdicts))]
         gathered = [rows]
@@ -451,7 +459,8 @@ class Trial:
         for name, group in rows_by_name.items():
             _, _, golds, correct, answers, tokens = zip(*group)
             k = self.cfg.validation.samples_of(name)
-            summaries[name] = {**ray.get(self.verifier.summarize.remote(correct, answers, golds)),
+            summaries[name] = {**self.call(self.verifier, self.verifier.summarize.remote(correct, answers, golds),
+                                           "the verifier"),
                                "response_length": sum(tokens) / (k * len(group))}
             accuracy[name] = summaries[name][f"avg@{k}"]
             se[name] = avg_at_k_se([c[:k] for c in correct])
