@@ -28,6 +28,7 @@ from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
+from trainables.errors import stated
 
 
 def summary_table(metrics: dict[str, float], title: str) -> Table:
@@ -149,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
+    except Exception as e:  # a trial that stopped for a reason it states: that line, not Ray's traceback
+        if (cause := stated(e)) is None:
+            raise
+        console.print(f"[red]trial stopped:[/red] {cause}", highlight=False, soft_wrap=True)
+        return 1
     finally:
         release_all()
     return STOPPED_EXIT_CODE if metrics.get("progress/preempted") else 0

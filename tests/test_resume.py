@@ -284,3 +284,49 @@ def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_clust
     assert {t.params["rollout.decoding.ead.tau_max"]: t.value for t in proposals
             if t.state == optuna.trial.TrialState.COMPLETE} == {
         tau: m["val/accuracy"] for tau, m in final.items() if m["progress/step"] == 5}
+
+
+def test_a_full_disk_during_a_checkpoint_is_said_in_one_line(tmp_path):
+    """torch.save past a file-size limit fails as a full disk does; that failure, however torch words it,
+    becomes one line naming the step, the folder and the space left. Other errors are not disguised."""
+    from trainables.errors import write_failure
+
+    code = ("import resource, signal, torch\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\ntry:\n"
+            "    torch.save(torch.zeros(100_000), 'rank_0.pt')\nexcept Exception as e:\n"
+            "    print(type(e).__name__, '|', e)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True).stdout
+    kind, message = out.split(" | ", 1)
+    error = OSError(message) if kind in ("OSError", "PermissionError") else RuntimeError(message)
+    assert kind in ("RuntimeError", "OSError")
+    failure = write_failure(error, str(tmp_path), 2)
+    assert str(failure).startswith(f"checkpoint: cannot write step 3 in {tmp_path} (") and "MiB free" in str(failure)
+    assert "\n" not in str(failure)
+    assert write_failure(RuntimeError("NCCL communicator was aborted"), str(tmp_path), 2) is None
+
+
+def test_a_trials_own_error_is_found_in_what_ray_train_raises():
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    from trainables.errors import NonFiniteError, stated
+
+    cause = NonFiniteError("trial t: step 4: policy/grad_norm not finite")
+    wrapped = WorkerGroupError("worker failed", {1: UserExceptionWithTraceback(cause, "Traceback ...")})
+    assert stated(wrapped) is cause
+    assert stated(WorkerGroupError("worker failed", {0: ValueError("a bug")})) is None
+
+
+def test_a_non_finite_step_stops_the_trial_naming_it():
+    from trainables.errors import NonFiniteError
+    from trainables.trial import WATCHED, check_finite
+
+    step_1 = {"progress/step": 1.0, **dict.fromkeys(WATCHED, 0.5)}
+    last = check_finite(step_1, {}, "trial t: step 1")
+    assert last == {"progress/step": 1.0, **dict.fromkeys(WATCHED, 0.5)}
+    for broken in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(NonFiniteError) as stop:
+            check_finite({**step_1, "progress/step": 2.0, "policy/grad_norm": broken}, last, "trial t: step 2")
+        line = str(stop.value)
+        assert line.startswith("trial t: step 2: policy/grad_norm not finite") and "'policy/grad_norm': 0.5" in line
+        assert "\n" not in line

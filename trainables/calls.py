@@ -11,8 +11,10 @@ from typing import Any
 
 import ray
 
+from trainables.errors import TrialError
 
-class ActorHung(RuntimeError):
+
+class ActorHung(TrialError):
     """An actor gave no answer within the time limit; it has been restarted."""
 
 

@@ -50,6 +50,7 @@ from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.data.offline import OfflineStore
+from trainables.errors import CheckpointError, NonFiniteError, write_failure
 from trainables.evaluation import avg_at_k_se, macro_row, metric_key
 from trainables.hybrid import HybridGroups, build_hybrid
 from trainables.learner import Learner, TrainBatch, align_columns, build_train_batch, last_token_entropy
@@ -71,16 +72,17 @@ WATCHED = ("policy/grad_norm", "policy/entropy", "policy/kl", "rollout/reward_me
 LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
 
 
-class NonFiniteError(RuntimeError):
-    """The update's gradient norm or the policy's statistics stopped being finite: the trial stops."""
+def check_finite(metrics: dict[str, float], last_finite: dict[str, float], where: str) -> dict[str, float]:
+    """The step's watched metrics, rounded, if all are finite (the next step's `last_finite`); else a
+    NonFiniteError naming the step, what broke and the last finite step's values."""
+    if bad := sorted(k for k in WATCHED if not math.isfinite(metrics[k])):
+        raise NonFiniteError(f"{where}: {', '.join(bad)} not finite; the last finite step's: "
+                             f"{last_finite or 'none (the first step)'}; lower learner.lr or check the data")
+    return {k: round(metrics[k], 6) for k in ("progress/step", *WATCHED)}
 
 
 class TrialStopped(RuntimeError):
     """The trial was stopped from outside (its rollout engines removed): not a fault to retry."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written, or no intact one to resume from: the trial stops."""
 
 
 @contextmanager
@@ -489,8 +491,10 @@ class Trial:
                         "step": step, "base_val": self.base_val, "val_history": self.val_history, "metrics": metrics,
                         "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}))
                 write_manifest(folder, self.rank, self.world)
-            except OSError as e:
-                raise CheckpointError(f"checkpoint: cannot write step {step + 1} in {folder}: {e}") from e
+            except (OSError, RuntimeError) as e:
+                if (failure := write_failure(e, folder, step)) is None:
+                    raise
+                raise failure from e
             if self.logger is not None:
                 self.logger.drain()  # every step up to this checkpoint is in MLflow: a resume skips them
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
@@ -579,11 +583,7 @@ class Trial:
         last_finite: dict[str, float] = {}
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
-            if bad := sorted(k for k in WATCHED if not math.isfinite(metrics[k])):
-                raise NonFiniteError(f"trial {cfg.name}: step {step + 1}: {', '.join(bad)} not finite; the last "
-                                     f"finite step's: {last_finite or 'none (the first step)'}; lower learner.lr or "
-                                     "check the data")
-            last_finite = {k: round(metrics[k], 6) for k in ("progress/step", *WATCHED)}
+            last_finite = check_finite(metrics, last_finite, f"trial {cfg.name}: step {step + 1}")
             self.last_step_seconds = metrics["timing/step"]
             last = step == cfg.learner.steps - 1
             validated = bool(every) and ((step + 1) % every == 0 or last)
