@@ -42,6 +42,7 @@ def closed() -> None:
 
 
 STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
+STUDY_FILE = "optuna.db"
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 
 
@@ -81,6 +82,8 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     lease.acquire(f"{kind} {name!r} in {storage}")
     check_settings(uri, {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
     folder.mkdir(parents=True, exist_ok=True)
+    if "://" in storage and resume:
+        fetch_study(folder, uri)
     resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
     tracking_uri = tracking_uri or base_cfg.logging.tracking_uri
     if tracking_uri is None and "://" in storage:
@@ -97,6 +100,36 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
+
+
+def save_study(folder: Path, uri: str) -> None:
+    """With a bucket storage, a copy of the Optuna study (kept on a local disk: sqlite) beside the
+    experiment in the bucket, for a --resume from another machine. sqlite's backup API copies a
+    consistent snapshot while Optuna may be writing."""
+    import sqlite3
+    import tempfile
+
+    import pyarrow.fs
+
+    if "://" not in uri or not (folder / STUDY_FILE).exists():
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        with sqlite3.connect(folder / STUDY_FILE) as source, sqlite3.connect(Path(tmp) / STUDY_FILE) as copy:
+            source.backup(copy)
+        fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+        fs.create_dir(path, recursive=True)
+        pyarrow.fs.copy_files(str(Path(tmp) / STUDY_FILE), f"{path}/{STUDY_FILE}", destination_filesystem=fs)
+
+
+def fetch_study(folder: Path, uri: str) -> None:
+    """A --resume on a machine without the study: its copy from the bucket, if there is one."""
+    import pyarrow.fs
+
+    if not (folder / STUDY_FILE).exists():
+        try:
+            pyarrow.fs.copy_files(f"{uri}/{STUDY_FILE}", str(folder / STUDY_FILE))
+        except FileNotFoundError:
+            pass
 
 
 def given(flag: str | None, default: str) -> str:
@@ -200,8 +233,10 @@ class TrialStates(Callback):
     still updates this module's `RUNNING`.
     """
 
-    def __init__(self, tracker: Tracker, sweep: str, seeds: list[int], metric: str):
+    def __init__(self, tracker: Tracker, sweep: str, seeds: list[int], metric: str,
+                 study: tuple[Path, str] | None = None):
         self.tracker, self.sweep, self.seeds, self.metric = tracker, sweep, seeds, metric
+        self.study = study  # (local folder, bucket URI): the Optuna study copied after every trial
 
     def _say(self, trial, what: str) -> None:
         console.print(f"[bold]{trial.trial_id}[/bold] {what}", highlight=False, soft_wrap=True)
@@ -229,6 +264,8 @@ class TrialStates(Callback):
         for seed in self.seeds:  # a pruned trial's actors are killed before their `finally` runs
             remove_engine_group(seed_name(trial.trial_id, seed))
         CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state)
+        if getattr(self, "study", None) is not None:  # (a callback restored from an older sweep has none)
+            CLOSER.submit(save_study, *self.study)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
@@ -296,14 +333,16 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
         results = tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
         closed()
+        save_study(exp.folder, exp.uri)
         return results
     config = tune_config()
-    states = TrialStates(exp.tracker, exp.name, seeds, config.metric)
+    states = TrialStates(exp.tracker, exp.name, seeds, config.metric, (exp.folder, exp.uri))
     # verbose=0: TrialStates prints a line per event, and each trial its steps.
     run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
                                 callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
     results = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config).fit()
     closed()  # every trial's runs closed before the report reads them
+    save_study(exp.folder, exp.uri)
     return results
 
 

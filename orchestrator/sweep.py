@@ -66,7 +66,7 @@ def make_searcher(search: SearchConfig, exp: Experiment):
 
     space, _ = optuna_space(search)
     metric, mode = objectives(search)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{exp.folder / 'optuna.db'}")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{exp.folder / experiment.STUDY_FILE}")
     tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
     return StepOptunaSearch(space, metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=search.seed),
                             study_name=exp.name, storage=storage, tracking=tracking,

@@ -319,3 +319,24 @@ def test_report_of_the_sweep(finished_sweep):
     page = (folder / "report.html").read_text()  # what MLflow's artifact view shows: tables and every plot inside
     assert "<table>" in page and page.count('src="data:image/png;base64,') == summary.count("](") > 3
     assert 'src="curves.png"' not in page
+
+
+def test_with_a_bucket_the_study_is_where_a_resume_elsewhere_finds_it(tmp_path):
+    """The study lives on the driver's disk (sqlite); its copy beside the sweep in the bucket (here a
+    file:// URI, through the same pyarrow filesystem layer as s3:// and gs://) comes back on a machine
+    that lacks it, and never replaces a study a machine has."""
+    from orchestrator.experiment import fetch_study, save_study
+
+    here, there, bucket = tmp_path / "here", tmp_path / "there", f"file://{tmp_path}/bucket/s"
+    here.mkdir()
+    there.mkdir()
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{here / 'optuna.db'}")
+    study.tell(study.ask(), 0.5)
+    save_study(here, bucket)
+    fetch_study(there, bucket)
+    copy = optuna.load_study(study_name="s", storage=f"sqlite:///{there / 'optuna.db'}")
+    assert [t.value for t in copy.trials] == [0.5]
+    study.tell(study.ask(), 0.7)
+    fetch_study(there, bucket)  # there already has one: kept
+    assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{there / 'optuna.db'}").trials) == 1
+    fetch_study(tmp_path / "empty", "file:///nonexistent/bucket")  # nothing to fetch: nothing happens
