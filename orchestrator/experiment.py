@@ -31,7 +31,10 @@ from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
+STUDY_FILE = "optuna.db"
+HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
+STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
 # Closing a trial's MLflow runs, off Tune's loop: a slow or dead tracking server (up to ~30 s of retries a
 # call) never holds up the other trials; one thread keeps the closes in order, `closed()` waits for them.
 CLOSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-close")
@@ -39,11 +42,6 @@ CLOSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-close")
 
 def closed() -> None:
     CLOSER.submit(lambda: None).result()
-
-
-STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
-STUDY_FILE = "optuna.db"
-HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 
 
 class ExperimentFailed(RuntimeError):
