@@ -5,7 +5,7 @@ Two kinds reach a trial before its resources vanish:
 - a **node drain**: the autoscaler, KubeRay or a person announces a spot reclaim with
   `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds N`. Ray Train's
   own watcher tells the learner ranks when a node hosting one of them drains; rank 0 looks for drains
-  of the rollout engines' nodes itself.
+  of the rollout engines' nodes itself. One all-reduce a step makes every rank act on any of them.
 - **SIGTERM to a learner's process** (a pod deleted with a grace period): Ray's default handler ends
   the process at once, losing the steps since the last checkpoint; here it becomes a notice.
 
@@ -60,6 +60,16 @@ def draining_nodes() -> dict[str, int]:
     return ray._private.state.state.get_draining_nodes()
 
 
+def learner_drains() -> set[str]:
+    """The draining nodes that host this trial's ranks, as Ray Train's preemption watcher told this
+    worker. Read from the worker's own context (a private API): `ray.train.get_preemption_info()`
+    would add a barrier through an actor to every step; the ranks agree by `reduce_flags` instead."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    info = get_train_context().preemption_context.preemption_info
+    return set(info.preempted_node_ids) if info is not None else set()
+
+
 def reduce_flags(flags: list[bool]) -> list[bool]:
     """Each flag set on any rank."""
     if not dist.is_initialized():
@@ -78,8 +88,7 @@ class Notices:
 
     def engine_drains(self) -> set[str]:
         """Rank 0: the draining nodes that host one of the trial's engines."""
-        draining = draining_nodes()
-        if self.rank != 0 or not draining:
+        if self.rank != 0 or not (draining := draining_nodes()):
             return set()
         try:
             nodes = {h["node_id"] for h in ray.get([e.health.remote() for e in self.engines], timeout=30)}
@@ -89,11 +98,12 @@ class Notices:
 
     def new(self) -> str | None:
         """Collective: why to checkpoint now (None: nothing new). Every rank calls it at every step boundary."""
-        info = ray.train.get_preemption_info()  # Ray Train's own notice, the same on every rank
-        learner_nodes = set(info.preempted_node_ids) if info is not None else set()
-        engine_nodes = self.engine_drains()
-        terminating, engines_draining = reduce_flags([TERMINATING.is_set(), bool(engine_nodes - self.handled)])
-        reasons = [f"node {node[:8]} drains" for node in sorted(learner_nodes - self.handled)]
+        learner_nodes, engine_nodes = learner_drains(), self.engine_drains()
+        learners_draining, engines_draining, terminating = reduce_flags(
+            [bool(learner_nodes - self.handled), bool(engine_nodes - self.handled), TERMINATING.is_set()])
+        reasons = []
+        if learners_draining:
+            reasons.append("a learner rank's node drains")
         if engines_draining:
             reasons.append("an engine's node drains")
         if terminating and "sigterm" not in self.handled:
