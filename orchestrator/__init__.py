@@ -16,11 +16,12 @@ QUIET_LINES = "|".join([
 ])
 os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_LINES)
 # Checkpoints and folders may come from someone else: every torch.load in this process reads tensors
-# and plain data only, even where a library asks for more (trainables/checkpoint.py; the workers too).
-os.environ.setdefault("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+# and plain data only, even where a library (DeepSpeed) asks for weights_only=False
+# (trainables/checkpoint.py; the workers too, through launch.WORKER_ENV).
+WEIGHTS_ONLY_ENV = {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
 # A dead tracking server costs a command seconds, not MLflow's minutes of retries (the workers too).
 MLFLOW_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-for key, value in MLFLOW_HTTP_ENV.items():
+for key, value in {**WEIGHTS_ONLY_ENV, **MLFLOW_HTTP_ENV}.items():
     os.environ.setdefault(key, value)
 # Off a terminal (a log, CI), a progress bar writes a line every 30 s, not a carriage return per update.
 TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30"}

@@ -11,10 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import MLFLOW_HTTP_ENV, TQDM_OFF_TERMINAL
+from orchestrator import MLFLOW_HTTP_ENV, TQDM_OFF_TERMINAL, WEIGHTS_ONLY_ENV
 from orchestrator.console import console
 from orchestrator.spec import SpecError
-from trainables.checkpoint import WEIGHTS_ONLY_ENV
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
 from trainables.data.tasks import load_offline_store, train_problems

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 TRIAL_STATE = "trial_state.json"
-WEIGHTS_ONLY_ENV = {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}  # overrides DeepSpeed's weights_only=False
 
 
 def allow_deepspeed_records() -> None:
