@@ -329,16 +329,15 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     # driver. It reserves no CPU (a cluster's head often has none to give); Train workers reserve their own.
     trainable = tune.with_resources(trainable, {"CPU": 0, HEAD_NODE: 0.001})
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
-        results = tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False).fit()
-        closed()
-        save_study(exp.folder, exp.uri)
-        return results
-    config = tune_config()
-    states = TrialStates(exp.tracker, exp.name, seeds, config.metric, (exp.folder, exp.uri))
-    # verbose=0: TrialStates prints a line per event, and each trial its steps.
-    run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
-                                callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
-    results = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config).fit()
+        tuner = tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        config = tune_config()
+        states = TrialStates(exp.tracker, exp.name, seeds, config.metric, (exp.folder, exp.uri))
+        # verbose=0: TrialStates prints a line per event, and each trial its steps.
+        run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
+                                    callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
+        tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
+    results = tuner.fit()
     closed()  # every trial's runs closed before the report reads them
     save_study(exp.folder, exp.uri)
     return results

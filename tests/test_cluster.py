@@ -34,17 +34,17 @@ def cluster(tiny_model_path):
     from orchestrator.launch import WORKER_ENV, init_ray
 
     ray.shutdown()  # the suite's one-node cluster: the next module that needs it starts it again
-    saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS", *ENV)}
-    os.environ.update({**WORKER_ENV, **ENV})  # the raylets, and every process they start, inherit it
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(**WORKER)
-    os.environ["RAY_ADDRESS"] = cluster.address  # as a driver joins a real cluster
-    init_ray(0)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    for key, value in saved.items():
-        os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    os.environ.update(WORKER_ENV)
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in ENV.items():  # the raylets, and every process they start, inherit it
+            env.setenv(key, value)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        cluster.add_node(**WORKER)
+        env.setenv("RAY_ADDRESS", cluster.address)  # as a driver joins a real cluster
+        init_ray(0)
+        yield cluster
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def spot_node(cluster):
