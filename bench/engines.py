@@ -17,7 +17,7 @@ from trainables.config import TrialConfig
 from trainables.data.bootstrap import resolve_model_path
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.trial import sampling_spec
+from trainables.rollout.client import sampling_spec
 
 
 def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, dict[str, SamplingSpec]]:

@@ -319,7 +319,7 @@ def test_a_trials_own_error_is_found_in_what_ray_train_raises():
 
 def test_a_non_finite_step_stops_the_trial_naming_it():
     from trainables.errors import NonFiniteError
-    from trainables.trial import WATCHED, check_finite
+    from trainables.step_metrics import WATCHED, check_finite
 
     step_1 = {"progress/step": 1.0, **dict.fromkeys(WATCHED, 0.5)}
     last = check_finite(step_1, {}, "trial t: step 1")

@@ -22,12 +22,16 @@ import hashlib
 import json
 import pickle
 import random
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 TRIAL_STATE = "trial_state.json"
+T = TypeVar("T")
 
 
 def allow_deepspeed_records() -> None:
@@ -115,4 +119,23 @@ def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:
                 return f"{name} has {path.stat().st_size} bytes, its manifest says {expected['size']}"
             if _sha256(path) != expected["sha256"]:
                 return f"{name} does not match its sha256"
+    return None
+
+
+def first_intact(candidates: Iterable[tuple[str, AbstractContextManager]], world: Callable[[str, Path], int],
+                 load: Callable[[Path], T], unusable: Callable[[str, str], None]) -> tuple[str, T] | None:
+    """(name, `load` of its folder) of the first intact checkpoint among `candidates` (name, a context
+    giving its folder), newest first: a folder whose files fail `checkpoint_problem` for
+    `world(name, folder)` ranks, or that `load` refuses (ValueError), is reported to
+    `unusable(name, why)` and the next one is tried. None when none is intact."""
+    for name, opened in candidates:
+        with opened as folder:
+            folder = Path(folder)
+            problem = checkpoint_problem(folder, world(name, folder))
+            if problem is None:
+                try:
+                    return name, load(folder)
+                except ValueError as e:  # a rank file holding pickled objects: not read
+                    problem = str(e)
+        unusable(name, problem)
     return None

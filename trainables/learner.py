@@ -20,11 +20,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from trainables.advantages import group_advantages
 from trainables.batching import pad_tokens, split_to, token_budget_groups
 from trainables.checkpoint import allow_deepspeed_records
 from trainables.config import TrialConfig
 from trainables.logprobs import token_logprobs
-from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective
+from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective, tis_weights
 from trainables.rollout.types import RolloutBatch, pad_right
 
 
@@ -47,6 +48,13 @@ class TrainBatch:
         return TrainBatch(*(t[index] for t in (self.input_ids, self.attention_mask, self.response_mask,
                                                  self.behaviour_logp)),
                           None if self.temperature is None else self.temperature[index])
+
+
+@dataclass
+class RLUpdate:
+    advantages: torch.Tensor  # [B]
+    tis: torch.Tensor  # [B, T] truncated importance weights
+    stats: dict[str, float]  # the update's per-rank sums (`Learner.update`)
 
 
 def build_train_batch(rollouts: RolloutBatch, pad_id: int, taus: tuple[float, ...] | None = None) -> TrainBatch:
@@ -223,6 +231,16 @@ class Learner:
             logp, ent = self._forward(self.engine, batch.rows(group))
             logp_old[group], entropy[group] = logp.cpu(), ent.cpu()
         return logp_old, entropy
+
+    def rl_update(self, batch: TrainBatch, grouped: torch.Tensor, logp_old: torch.Tensor,
+                  offpolicy: torch.Tensor | None = None) -> RLUpdate:
+        """The RL step after the rewards: group advantages of the rewards grouped [P, N] (the batch's rows
+        in order), TIS weights [B, T] of the old log-probs over the behaviour's, then `update`."""
+        algo, ro = self.cfg.algorithm, self.cfg.rollout
+        advantages = group_advantages(grouped, use_std=algo.use_std).flatten()  # [B = P * N]
+        tis = tis_weights(logp_old, batch.behaviour_logp, ro.tis_cap, mask=batch.response_mask,
+                          level=ro.tis_level)  # [B, T]
+        return RLUpdate(advantages, tis, self.update(batch, advantages, logp_old, tis, offpolicy))
 
     def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor,
                tis: torch.Tensor, offpolicy: torch.Tensor | None = None) -> dict[str, float]:

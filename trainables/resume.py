@@ -1,0 +1,81 @@
+"""A trial's checkpoints through Ray Train: every rank writes and seals its part, and a resume restores
+the latest intact one, falling back to older ones (layout and trust: trainables/checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+import torch
+
+from trainables.checkpoint import (TRIAL_STATE, first_intact, rank_file, read_rank_state, rng_state,
+                                   saved_world_size, set_rng_state, write_manifest)
+from trainables.errors import CheckpointError, write_failure
+
+
+def save(learner, step: int, rank: int, world: int, trial_state: dict, metrics: dict[str, float],
+         before_report: Callable[[], None] = lambda: None) -> float:
+    """Save after RL step `step` (0-based) and report `metrics` with it; trial_state: rank 0's record
+    (TRIAL_STATE). Ray Train uploads the merged folder and commits it once every rank's upload is done.
+    Returns the seconds it took."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            learner.save(folder, client_state={"step": step})
+            torch.save({"step": step, "rng": rng_state()}, Path(folder) / rank_file(rank))
+            if rank == 0:
+                (Path(folder) / TRIAL_STATE).write_text(json.dumps({"step": step, **trial_state}))
+            write_manifest(folder, rank, world)
+        except (OSError, RuntimeError) as e:
+            if (failure := write_failure(e, folder, step)) is None:
+                raise
+            raise failure from e
+        before_report()
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+    return time.perf_counter() - start
+
+
+def restore(learner, rank: int, world: int, trial: str) -> dict | None:
+    """The trial state (TRIAL_STATE) of the latest intact checkpoint, its learner and RNG states loaded;
+    None when there is no checkpoint to resume from."""
+    latest = ray.train.get_checkpoint()
+    if latest is None:
+        return None
+
+    def same_world(path: str, folder: Path) -> int:
+        saved = saved_world_size(folder)
+        if saved not in (None, world):
+            raise CheckpointError(f"checkpoint: {path} was saved by {saved} learner ranks; resume with "
+                                  f"learner.num_workers={saved} (this run has {world})")
+        return world
+
+    def load(folder: Path) -> dict:
+        state = json.loads((folder / TRIAL_STATE).read_text())
+        rank_state = read_rank_state(folder, rank)  # before the engine: a refused file loads nothing
+        learner.load(folder)
+        set_rng_state(rank_state["rng"])
+        return state
+
+    def unusable(path: str, problem: str) -> None:
+        if rank == 0:
+            print(f"[trial {trial}] checkpoint {path} is unusable: {problem}; trying the one before it", flush=True)
+
+    found = first_intact(((c.path, c.as_directory()) for c in newest_first(latest)), same_world, load, unusable)
+    if found is None:
+        raise CheckpointError(f"checkpoint: no intact checkpoint to resume {trial} from (latest: {latest.path})")
+    path, state = found
+    if rank == 0:
+        print(f"[trial {trial}] resumed after step {state['step'] + 1} from {path}", flush=True)
+    return state
+
+
+def newest_first(latest):
+    """The latest checkpoint, then the older committed ones, newest first (fetched only if needed)."""
+    yield latest
+    older = [c for c in ray.train.get_all_reported_checkpoints() if c.checkpoint.path != latest.path]
+    for reported in sorted(older, key=lambda c: c.metrics.get("progress/step", 0), reverse=True):
+        yield reported.checkpoint

@@ -1,0 +1,108 @@
+"""A learner rank's side of the rollout service: rollouts from its engine at the learner's weights,
+the weight push to every engine, and the recovery of a lost or hung engine (re-sync, then retry).
+
+Ray restarts a dead engine with its initial weights; every rank learns of a loss through an
+all-reduce, all re-sync together, and only the ranks without rollouts ask again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from trainables import calls
+from trainables.ranks import barrier, reduce_max
+from trainables.rollout.push import weight_push
+from trainables.rollout.service import StaleWeightsError, engines_removed
+from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.rollout.weight_sync import WeightGroupError
+
+SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails
+SERVICE_RESTART_TIMEOUT_S = 300
+SERVICE_RETRY_PAUSE_S = 2.0  # a restarting actor refuses calls at once (ActorUnavailableError): wait, then push
+
+
+class TrialStopped(RuntimeError):
+    """The trial was stopped from outside (its rollout engines removed): not a fault to retry."""
+
+
+def sampling_spec(decoding, max_new_tokens: int, step: int, seed: int) -> SamplingSpec:
+    """The request of a `DecodingConfig` (its schedule and parameters) at RL step `step`."""
+    return SamplingSpec(schedule=decoding.schedule, params=decoding.schedule_params(),
+                        max_new_tokens=max_new_tokens, top_p=decoding.top_p, step=step, seed=seed)
+
+
+class RolloutClient:
+    """engines: the trial's data-parallel engine actors; this rank generates on engine rank mod their
+    number, and rank 0 pushes the learner's weights to all of them. cfg: the trial's RolloutConfig."""
+
+    def __init__(self, engines: list, cfg, learner, *, trial: str, rank: int, timeout_s: float):
+        self.engines, self.cfg, self.learner = engines, cfg, learner
+        self.trial, self.rank, self.timeout_s = trial, rank, timeout_s
+        self.service = engines[rank % len(engines)]
+        self.push = weight_push(engines, cfg)  # rank 0 pushes; every rank prepares
+        self.weight_version = 0
+        self.losses = 0  # rank 0: calls lost to a dead service, re-synced and retried
+
+    def say(self, text: str) -> None:
+        print(f"[trial {self.trial}] {text}", flush=True)
+
+    def sync(self) -> None:
+        """Push the learner's weights to every engine (`rollout.weight_transfer`); an engine that is lost
+        meanwhile gets them again once Ray has restarted it."""
+        on_gpu = self.cfg.weight_transfer in ("nccl", "ipc")  # sent from the learner's GPU
+        state = self.learner.full_state_dict(keep_device=on_gpu)  # collective under ZeRO-3
+        state = self.push.prepare(state)  # collective for ipc
+        self.weight_version = self.learner.optimizer_step
+        if self.rank == 0:
+            deadline = time.monotonic() + SERVICE_RESTART_TIMEOUT_S
+            while True:
+                try:
+                    self.push(state, self.weight_version)
+                    break
+                except (ray.exceptions.RayActorError, WeightGroupError) as e:  # dead or restarting
+                    self.stop_if_removed()
+                    self.losses += 1
+                    if time.monotonic() > deadline:
+                        raise
+                    self.say(f"rollout service lost during a weight update ({e}); pushing again")
+                    time.sleep(SERVICE_RETRY_PAUSE_S)  # a restarting actor refuses calls at once
+        barrier()  # no rank generates before the new weights are in
+
+    def stop_if_removed(self) -> None:
+        """A trial whose sweep stopped it (its engines' group removed) ends here, saying nothing of a fault."""
+        if engines_removed(self.cfg, self.trial):
+            raise TrialStopped(f"trial {self.trial}: its rollout engines were removed (the sweep stopped it)")
+
+    def release_gpus(self) -> None:
+        """Colocated engine: once every rank has its rollouts, it sleeps and frees the GPUs for the
+        learner; the weight sync wakes it (`VLLMEngine.update_weights`)."""
+        if not self.cfg.colocate:
+            return
+        barrier()
+        if self.rank == 0:
+            ray.get([engine.sleep.remote() for engine in self.engines])
+
+    def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> RolloutBatch:
+        """n rollouts of each prompt at the learner's weights; a lost service is re-synced and retried."""
+        rollouts, error = None, None
+        for _ in range(SERVICE_RETRIES + 1):
+            if rollouts is None:
+                try:
+                    rollouts = ray.get(self.service.generate.remote(prompts, n, spec, self.weight_version),
+                                       timeout=self.timeout_s)
+                except (ray.exceptions.RayActorError, StaleWeightsError) as e:
+                    error = e
+                except ray.exceptions.GetTimeoutError:  # a hung engine: restarted, then re-synced like a lost one
+                    error = calls.restart_hung(self.service, "the rollout engine", self.timeout_s)
+            if reduce_max(float(rollouts is None)) == 0:
+                return rollouts
+            self.stop_if_removed()
+            if self.rank == 0:
+                self.losses += 1
+                cause = type(error).__name__ if error else "on another rank"
+                self.say(f"rollout service lost ({cause}); re-syncing weights version {self.weight_version} "
+                         f"and retrying")
+            self.sync()
+        raise RuntimeError(f"rollout service lost {SERVICE_RETRIES + 1} times in one call: {error}")
