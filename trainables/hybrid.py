@@ -7,6 +7,9 @@ For each prompt's group of N online rollouts (OGER section 3.2, eq. 7-9):
     rewards: R_m + R_OGER for the online members that stay (R_OGER only where the preset says),
              R_m for the teacher members (scored by the same verifier).
 The advantage is then computed over the hybrid group of N, as over an online one.
+
+`hybrid_rewards` is that rule as a pure function of [P, N] tensors; `mix_teachers` is the adapter that
+draws the teachers and splices their rows into the rollout batch.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from trainables.algorithms import AlgorithmPreset
 from trainables.data.offline import OfflineStore
 from trainables.data.prompts import strip_prefill
-from trainables.rewards.oger import oger_rewards, replacement_indices
+from trainables.rewards.oger import divergence, exploration_reward, replacement_indices
 from trainables.rollout.types import RolloutBatch
 
 # (online texts [B], prompt keys [P]) -> (online embeddings [B, d], {key: offline embeddings [M, d]})
@@ -36,11 +39,36 @@ class HybridGroups:
     metrics: dict[str, float]  # per-rank sums, reduced over ranks by the caller
 
 
-def replaced_slots(preset: AlgorithmPreset, divergence: torch.Tensor | None, n: int, k: int) -> list[int]:
-    """Which of the n online slots of a group the k teacher trajectories take."""
-    if preset.replacement == "fixed":
-        return list(range(n - k, n))  # LUFFY: a fixed slot
-    return replacement_indices(divergence, k).tolist()
+def hybrid_rewards(verifiable: torch.Tensor, last_entropy: torch.Tensor, divergence: torch.Tensor | None, *,
+                   k: int, lowest_divergence: bool, exploration: bool,
+                   refine: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """OGER eq. 7-8 and section 3.2 over P groups of N: (rewards [P, N], R_m + R_OGER where `exploration`
+    else R_m; the k replaced slots long[P, k]: the lowest-D ones with `lowest_divergence` (ties to the
+    lower index), else LUFFY's last k; R_OGER [P, N]).
+
+    verifiable: R_m [P, N]; last_entropy: H [P, N]; divergence: D [P, N], or None without embeddings.
+    The teacher members' rewards are theirs, set after they are scored.
+    """
+    p, n = verifiable.shape
+    r_oger = torch.zeros(p, n)
+    if divergence is not None:
+        r_oger = exploration_reward(divergence, last_entropy, verifiable, refine=refine)  # [P, N]
+    rewards = verifiable.to(r_oger.dtype) + r_oger if exploration else verifiable.clone()  # [P, N]
+    if lowest_divergence:
+        replaced = torch.stack([replacement_indices(d, k) for d in divergence]) if p else torch.zeros(0, k)
+    else:
+        replaced = torch.arange(n - k, n).expand(p, k)  # LUFFY: a fixed slot
+    return rewards, replaced.long(), r_oger
+
+
+def group_divergence(online_emb: torch.Tensor, offline_emb: list[torch.Tensor | None], n: int) -> torch.Tensor:
+    """D [P, N] of each group's online members (online_emb [P * N, d]) from its offline trajectories
+    (offline_emb [P], each [M, d]; None: a group without any, D = 0)."""
+    rows = torch.zeros(len(offline_emb), n)
+    for g, offline in enumerate(offline_emb):
+        if offline is not None:
+            rows[g] = divergence(online_emb[g * n : (g + 1) * n], offline)[1]
+    return rows
 
 
 def teacher_response(text: str, tokenizer, max_tokens: int, prefill: str = "") -> tuple[str, list[int], str]:
@@ -52,47 +80,62 @@ def teacher_response(text: str, tokenizer, max_tokens: int, prefill: str = "") -
     return (text, ids[:max_tokens], "length") if len(ids) > max_tokens else (text, ids, "stop")
 
 
+def splice(rollouts: RolloutBatch, teachers: dict[int, tuple[str, list[int], str]]) -> tuple[RolloutBatch, torch.Tensor]:
+    """The batch with row i's response replaced by teachers[i] (text, ids, finish reason), and
+    offpolicy bool[B]. Teacher tokens take no ratio and no TIS: their behaviour log-probs are unused."""
+    responses, logps = list(rollouts.response_ids), list(rollouts.behaviour_logprobs)
+    texts, reasons = list(rollouts.texts), list(rollouts.finish_reasons)
+    offpolicy = torch.zeros(len(texts), dtype=torch.bool)
+    for row, (text, ids, reason) in teachers.items():
+        texts[row], responses[row], reasons[row] = text, ids, reason
+        logps[row] = [0.0] * len(ids)
+        offpolicy[row] = True
+    return replace(rollouts, response_ids=responses, behaviour_logprobs=logps, texts=texts,
+                   finish_reasons=reasons), offpolicy
+
+
+def mix_teachers(rollouts: RolloutBatch, keys: list[str], golds: list[str], verifiable: torch.Tensor,
+                 last_entropy: torch.Tensor, embeddings: tuple | None, *, preset: AlgorithmPreset, k: int,
+                 store: OfflineStore, score: ScoreFn, to_response: Callable[[str], tuple[str, list[int], str]],
+                 rng: np.random.Generator) -> HybridGroups:
+    """Hybrid groups for one rank's batch. keys (the prompts' keys in `store`), golds: [P]; verifiable,
+    last_entropy: [B = P * n]; embeddings: (online [B, d], {key: offline [M, d]}) when the preset needs
+    them; to_response: a teacher text as a policy response (`teacher_response`)."""
+    n, p = rollouts.n, len(keys)
+    teachers = [store.for_prompt(key) for key in keys]
+    with_data = torch.tensor([bool(t) for t in teachers], dtype=torch.bool)  # [P]
+    d = None
+    if embeddings is not None:
+        online_emb, offline_emb = embeddings
+        d = group_divergence(online_emb, [offline_emb[key] if t else None for key, t in zip(keys, teachers)], n)
+    rewards, replaced, r_oger = hybrid_rewards(
+        verifiable.view(p, n), last_entropy.view(p, n), d, k=k, refine=preset.refine,
+        lowest_divergence=preset.replacement == "lowest_divergence", exploration=preset.exploration_reward)
+    drawn = {}  # row -> the teacher response in its place
+    for g in with_data.nonzero().flatten().tolist():  # one draw per group, in order: a function of the rng
+        picks = rng.choice(len(teachers[g]), size=k, replace=len(teachers[g]) < k)
+        drawn |= {g * n + int(slot): to_response(teachers[g][int(pick)].text) for slot, pick in zip(replaced[g], picks)}
+    hybrid, offpolicy = splice(rollouts, drawn)
+    rewards = rewards.flatten()  # [B]
+    if drawn:
+        rows = offpolicy.nonzero().flatten().tolist()
+        rewards[offpolicy] = score([hybrid.texts[i] for i in rows], [golds[i // n] for i in rows])
+    scored = with_data.repeat_interleave(n) & (d is not None)  # [B] online members OGER scored
+    divergence_all = d.flatten() if d is not None else torch.zeros(len(rewards))
+    return HybridGroups(hybrid, rewards, offpolicy, _metric_sums(
+        offpolicy, scored & ~offpolicy, verifiable, rewards, divergence_all, r_oger.flatten(), last_entropy,
+        p - int(with_data.sum())))
+
+
 def build_hybrid(rollouts: RolloutBatch, keys: list[str], golds: list[str], verifiable: torch.Tensor,
                  last_entropy: torch.Tensor, *, preset: AlgorithmPreset, k: int, store: OfflineStore,
                  embed: EmbedFn | None, score: ScoreFn, tokenizer, max_tokens: int,
                  rng: np.random.Generator, prefill: str = "") -> HybridGroups:
-    """Hybrid groups for one rank's batch. keys/golds: [P]; verifiable, last_entropy: [B = P * n].
-    Teacher rows hold responses as the policy's are: after the prompt's prefill (`teacher_response`)."""
-    n = rollouts.n
-    online_emb, offline_emb = embed(rollouts.texts, keys) if preset.needs_embeddings else (None, {})
-    rewards = verifiable.clone()  # [B]
-    responses, logps = list(rollouts.response_ids), list(rollouts.behaviour_logprobs)
-    texts, reasons = list(rollouts.texts), list(rollouts.finish_reasons)
-    offpolicy = torch.zeros(len(texts), dtype=torch.bool)
-    divergence_all, exploration_all = torch.zeros(len(texts)), torch.zeros(len(texts))  # [B]
-    scored = torch.zeros(len(texts), dtype=torch.bool)  # online members OGER scored
-    no_offline = 0
-    for g, key in enumerate(keys):
-        rows = slice(g * n, (g + 1) * n)
-        teachers = store.for_prompt(key)
-        if not teachers:
-            no_offline += 1  # nothing to mix in: the group stays online
-            continue
-        divergence = None
-        if online_emb is not None:
-            out = oger_rewards(online_emb[rows], offline_emb[key], last_entropy[rows], verifiable[rows],
-                               refine=preset.refine)
-            divergence = out["divergence"]
-            if preset.exploration_reward:
-                rewards[rows] = out["total"]
-            divergence_all[rows], exploration_all[rows], scored[rows] = divergence, out["exploration"], True
-        for slot, pick in zip(replaced_slots(preset, divergence, n, k),
-                              rng.choice(len(teachers), size=k, replace=len(teachers) < k)):
-            row, teacher = g * n + slot, teachers[int(pick)]
-            texts[row], responses[row], reasons[row] = teacher_response(teacher.text, tokenizer, max_tokens, prefill)
-            logps[row] = [0.0] * len(responses[row])  # unused: teacher tokens take no ratio and no TIS
-            offpolicy[row] = True
-    if offpolicy.any():
-        teacher_rows = offpolicy.nonzero().flatten().tolist()
-        rewards[offpolicy] = score([texts[i] for i in teacher_rows], [golds[i // n] for i in teacher_rows])
-    hybrid = replace(rollouts, response_ids=responses, behaviour_logprobs=logps, texts=texts, finish_reasons=reasons)
-    return HybridGroups(hybrid, rewards, offpolicy, _metric_sums(
-        offpolicy, scored & ~offpolicy, verifiable, rewards, divergence_all, exploration_all, last_entropy, no_offline))
+    """`mix_teachers`, embedding with `embed` on the way when the preset needs it."""
+    embeddings = embed(rollouts.texts, keys) if preset.needs_embeddings else None
+    return mix_teachers(rollouts, keys, golds, verifiable, last_entropy, embeddings, preset=preset, k=k, store=store,
+                        score=score, to_response=lambda text: teacher_response(text, tokenizer, max_tokens, prefill),
+                        rng=rng)
 
 
 def _metric_sums(offpolicy, kept_scored, verifiable, rewards, divergence, exploration, last_entropy,

@@ -42,7 +42,7 @@ from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.data.offline import OfflineStore
-from trainables.hybrid import HybridGroups, build_hybrid
+from trainables.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
 from trainables.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice
 from trainables.ranks import reduce_max, reduce_sums
@@ -219,17 +219,16 @@ class Trial:
         cfg = self.cfg
         finished = torch.tensor([r == "stop" for r in rollouts.finish_reasons])
         last_entropy = last_token_entropy(entropy, batch.response_mask, finished, cfg.algorithm.last_token)
-        embed, encoder_seconds = None, 0.0
+        embedded, encoder_seconds = None, 0.0
         if embeddings is not None:
             online_emb, offline_emb, encoder_seconds = self.call(self.embedder, embeddings, "the encoder")
-            embed = lambda texts, keys: (online_emb, offline_emb)  # noqa: E731
-        golds = [p.answer for p in problems]
-
-        hybrid = build_hybrid(
-            rollouts, [p.question for p in problems], golds, rewards, last_entropy, preset=cfg.preset,
-            k=cfg.algorithm.replacement_density, store=self.store, embed=embed,
+            embedded = (online_emb, offline_emb)
+        hybrid = mix_teachers(
+            rollouts, [p.question for p in problems], [p.answer for p in problems], rewards, last_entropy, embedded,
+            preset=cfg.preset, k=cfg.algorithm.replacement_density, store=self.store,
             score=lambda texts, answers: self.score_texts(texts, answers)[0],
-            tokenizer=self.tokenizer, max_tokens=cfg.rollout.max_new_tokens, prefill=cfg.prompt.prefill,
+            to_response=lambda text: teacher_response(text, self.tokenizer, cfg.rollout.max_new_tokens,
+                                                      cfg.prompt.prefill),
             rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
         )
         hybrid.metrics["encoder_seconds"] = encoder_seconds

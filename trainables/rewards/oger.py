@@ -30,6 +30,22 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a_unit @ b_unit.T  # [N, M]
 
 
+def divergence(online_emb: torch.Tensor, offline_emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OGER eq. 3-5: (sim_i = mean_j cos(E_on_i, E_off_j), D_i = 1 - sim_i), each [N], of online_emb
+    [N, d] from offline_emb [M, d]."""
+    similarity = cosine_matrix(online_emb.float(), offline_emb.float()).mean(dim=1)  # [N]
+    return similarity, 1.0 - similarity
+
+
+def exploration_reward(divergence: torch.Tensor, last_token_entropy: torch.Tensor, verifiable: torch.Tensor,
+                       *, refine: bool = True) -> torch.Tensor:
+    """OGER eq. 7: R_OGER = D * exp(-H) * R_m, elementwise over any shape (refine=False: D * R_m)."""
+    exploration = divergence * verifiable.to(divergence.dtype)  # wrong answers get no exploration reward
+    if refine:
+        exploration = exploration * torch.exp(-last_token_entropy.to(divergence.dtype))
+    return exploration
+
+
 def oger_rewards(
     online_emb: torch.Tensor,
     offline_emb: torch.Tensor,
@@ -53,14 +69,10 @@ def oger_rewards(
     if last_token_entropy.shape != (n,) or verifiable.shape != (n,):
         raise ValueError(f"last_token_entropy and verifiable must be [{n}], got "
                          f"{tuple(last_token_entropy.shape)} and {tuple(verifiable.shape)}")
-    similarity = cosine_matrix(online_emb.float(), offline_emb.float()).mean(dim=1)  # [N]
-    divergence = 1.0 - similarity  # [N]
-    r_m = verifiable.to(divergence.dtype)  # [N]
-    exploration = divergence * r_m  # [N]; wrong answers get no exploration reward
-    if refine:
-        exploration = exploration * torch.exp(-last_token_entropy.to(divergence.dtype))  # [N]
-    return {"similarity": similarity, "divergence": divergence, "exploration": exploration,
-            "total": r_m + exploration}
+    similarity, d = divergence(online_emb, offline_emb)  # [N]
+    exploration = exploration_reward(d, last_token_entropy, verifiable, refine=refine)  # [N]
+    return {"similarity": similarity, "divergence": d, "exploration": exploration,
+            "total": verifiable.to(d.dtype) + exploration}
 
 
 def replacement_indices(divergence: torch.Tensor, k: int) -> torch.Tensor:
