@@ -56,13 +56,12 @@ def _random_batch(rows: int, prompt: int, response: int, vocab: int):
 
 
 def _one_step(learner, batch) -> float:
-    """Old log-probs + one update (seconds)."""
+    """Old log-probs + the RL update of one group with spread rewards (seconds)."""
     import torch
 
     start = time.perf_counter()
     logp_old, _ = learner.old_logprobs(batch)
-    advantages = torch.linspace(-1, 1, batch.size)
-    learner.update(batch, advantages, logp_old, torch.ones_like(logp_old))
+    learner.rl_update(batch, torch.linspace(0, 1, batch.size).view(1, -1), logp_old)  # [1, B]
     return time.perf_counter() - start
 
 
@@ -82,14 +81,15 @@ def measure_speed(spec: dict) -> dict:
     from trainables.data.tasks import encode_prompt, train_problems
     from trainables.learner import build_train_batch
     from trainables.rollout.hf import HFEngine
-    from trainables.rollout.types import SamplingSpec
+    from trainables.config import DecodingConfig
+    from trainables.rollout.client import sampling_spec
 
     learner = _learner(spec["model"], spec["trial"])
     cfg = learner.cfg
     engine = HFEngine(spec["model"])
     prompts = [encode_prompt(engine.tokenizer, p) for p in train_problems(cfg)[: cfg.learner.prompts_per_step]]
-    rollouts = engine.generate(prompts, cfg.rollout.group_size, SamplingSpec("fixed", {"temperature": 1.0},
-                                                                              cfg.rollout.max_new_tokens, seed=1))
+    at_one = sampling_spec(DecodingConfig(schedule="fixed"), cfg.rollout.max_new_tokens, step=0, seed=1)
+    rollouts = engine.generate(prompts, cfg.rollout.group_size, at_one)
     batch = build_train_batch(rollouts, engine.tokenizer.pad_token_id)
     torch.set_num_threads(1)
     chunk, ratios = cfg.learner.logits_chunk_tokens, []

@@ -48,14 +48,12 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainables.advantages import group_advantages
     from trainables.config import TrialConfig
     from trainables.data.arithmetic import make_splits
     from trainables.data.tasks import encode_prompt
     from trainables.learner import Learner, build_train_batch, process_group_backend
-    from trainables.losses import tis_weights
     from trainables.rollout.hf import HFEngine
-    from trainables.rollout.types import SamplingSpec
+    from trainables.rollout.client import sampling_spec
     from trainables.rollout.weight_sync import free_port
 
     device = "cpu" if cpu else "cuda"
@@ -84,9 +82,8 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
 
     n, tokens, before = cfg.rollout.group_size, 0, None
     initial = learner.full_state_dict()
-    def ead(step: int, seed: int) -> SamplingSpec:
-        return SamplingSpec("ead", cfg.rollout.decoding.ead.model_dump(), cfg.rollout.max_new_tokens,
-                            step=step, seed=seed)
+    def ead(step: int, seed: int):  # the spec's decoding: EAD
+        return sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step=step, seed=seed)
 
     for step in range(STEPS):
         rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, ead(step + 1, step)))  # s: the RL step
@@ -97,9 +94,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
         rewards = torch.tensor([float(len(ids)) for ids in rollouts.response_ids])
         batch = build_train_batch(rollouts, engine.tokenizer.pad_token_id)
         logp_old, _ = timed("old log-prob pass", lambda: learner.old_logprobs(batch))
-        advantages = group_advantages(rewards.view(-1, n), use_std=True).flatten()
-        tis = tis_weights(logp_old, batch.behaviour_logp, cfg.rollout.tis_cap)
-        timed("learner update", lambda: learner.update(batch, advantages, logp_old, tis))
+        timed("learner update", lambda: learner.rl_update(batch, rewards.view(-1, n), logp_old))  # [P, N]
         state = timed("full weights on the device", lambda: learner.full_state_dict(keep_device=not cpu))
         timed("load into the engine in place", lambda: engine.update_weights(state, learner.optimizer_step))
     rows = {"generate, tokens/s": tokens / seconds["generate (EAD)"],

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +33,14 @@ from orchestrator.console import console, number_table
 from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.inputs import check_tracking_uri
 from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.checkpoint import checkpoint_problem, saved_world_size
-from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, PromptConfig, TrialConfig
+from trainables.checkpoint import TRIAL_STATE, first_intact, saved_world_size
+from trainables.config import MODEL_PRESETS, DecodingConfig, EADConfig, ModelConfig, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, load_benchmarks
 from trainables.data.bootstrap import resolve_model_path
 from trainables.data.prompts import TEMPLATES
 from trainables.data.tasks import encode_prompt
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
-from trainables.rollout.types import SamplingSpec
+from trainables.rollout.client import sampling_spec
 
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
 
@@ -47,8 +48,7 @@ PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (p
 @dataclass(frozen=True)
 class Decoding:
     label: str  # "T0.6", "ead-1.2-0.1-25": the prefix of its metrics
-    schedule: str
-    params: dict[str, float]
+    config: DecodingConfig
 
 
 def decodings(args) -> list[Decoding]:
@@ -60,7 +60,7 @@ def decodings(args) -> list[Decoding]:
         except ValueError as e:
             raise SpecError(f"--ead: expected TAU_MAX,TAU_MIN,D with 0 < TAU_MIN <= TAU_MAX and D > 0 "
                             f"(got {args.ead!r}: {str(e).splitlines()[0]})") from None
-        return [Decoding(f"ead-{tau_max:g}-{tau_min:g}-{d:g}", "ead", ead.model_dump())]
+        return [Decoding(f"ead-{tau_max:g}-{tau_min:g}-{d:g}", DecodingConfig(schedule="ead", ead=ead))]
     if args.temperatures:
         try:
             start, stop, step = (float(x) for x in args.temperatures.split(":"))
@@ -69,10 +69,18 @@ def decodings(args) -> list[Decoding]:
             raise SpecError(f"--temperatures: expected START:STOP:STEP with 0 < START <= STOP and STEP > 0 "
                             f"(got {args.temperatures!r})") from None
         temps = np.round(np.arange(start, stop + step / 2, step), 6)
-        return [Decoding(f"T{t:g}", "fixed", {"temperature": float(t)}) for t in temps]
+        return [fixed(float(t)) for t in temps]
     if args.temperature <= 0:
         raise SpecError(f"--temperature must be > 0 (got {args.temperature})")
-    return [Decoding(f"T{args.temperature:g}", "fixed", {"temperature": args.temperature})]
+    return [fixed(args.temperature)]
+
+
+def fixed(temperature: float) -> Decoding:
+    """A fixed temperature (`DecodingConfig` bounds it)."""
+    try:
+        return Decoding(f"T{temperature:g}", DecodingConfig(schedule="fixed", temperature=temperature))
+    except ValueError as e:
+        raise SpecError(f"temperature {temperature:g}: {str(e).splitlines()[-1].strip()}") from None
 
 
 def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str, list[BenchmarkProblem]]:
@@ -112,18 +120,23 @@ def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
     state = json.loads(snapshot.read_text())
     names = [r["checkpoint_dir_name"] for r in state["checkpoint_results"]]
     latest = (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
-    for name in sorted(names, key=lambda n: (n == latest, n), reverse=True):  # the latest first
-        folder = target / name
-        problem = checkpoint_problem(folder, saved_world_size(folder) or 1)
-        if problem is None:
-            exported = target / "export" / name
-            if not (exported / "config.json").is_file():
-                console.print(f"exporting {folder} -> {exported}")
-                export_policy(folder, exported)
-            spec = json.loads((folder / "trial_state.json").read_text())["trial"]
-            return exported, spec
+    newest_first = sorted(names, key=lambda n: (n == latest, n), reverse=True)  # the latest first
+
+    def export(folder: Path) -> tuple[Path, dict]:
+        exported = target / "export" / folder.name
+        if not (exported / "config.json").is_file():
+            console.print(f"exporting {folder} -> {exported}")
+            export_policy(folder, exported)
+        return exported, json.loads((folder / TRIAL_STATE).read_text())["trial"]
+
+    def unusable(folder: str, problem: str) -> None:
         console.print(f"[yellow]checkpoint {folder} is unusable:[/yellow] {problem}; trying the one before it")
-    raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")
+
+    found = first_intact(((str(target / n), nullcontext(target / n)) for n in newest_first),
+                         lambda _, folder: saved_world_size(folder) or 1, export, unusable)
+    if found is None:
+        raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")
+    return found[1]
 
 
 def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Decoding, *, samples: int,
@@ -135,8 +148,7 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
     rows, task = [], progress.add_task(title, total=len(problems))
     for start in range(0, len(problems), PROMPTS_PER_CALL):
         chunk = problems[start : start + PROMPTS_PER_CALL]
-        spec = SamplingSpec(schedule=decoding.schedule, params=decoding.params, max_new_tokens=max_new_tokens,
-                            step=0, seed=seed * 1_000_003 + start)
+        spec = sampling_spec(decoding.config, max_new_tokens, step=0, seed=seed * 1_000_003 + start)
         batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p, prompt) for p in chunk], samples, spec))
         for i, problem in enumerate(chunk):
             texts = [prompt.completion(text) for text in batch.texts[i * samples : (i + 1) * samples]]
