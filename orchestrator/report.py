@@ -32,12 +32,12 @@ from mlflow.tracking import MlflowClient
 from orchestrator.console import console, short_params
 from orchestrator.inputs import check_tracking_uri
 from orchestrator.spec import SpecError
-from orchestrator.tracking import default_tracking_uri
+from orchestrator.tracking import default_tracking_uri, unflatten
+from trainables.config import DecodingConfig
 from trainables.evaluation import mean_pass_at_k
 from trainables.rollout.ead import SCHEDULES
 
 CURVES = ("rollout/reward_mean", "rollout/accuracy", "policy/entropy", "rollout/response_length")
-EAD_PARAMS = ("tau_max", "tau_min", "d0", "warmup_tokens", "time_scale")
 SMOOTHING = 0.6  # TensorBoard's default weight
 SMOOTH_FROM = 10  # points: shorter curves (validations) are drawn raw
 
@@ -144,18 +144,17 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
 
 
 def plot_temperatures(trials, searched: list[str], path: Path) -> None:
-    """EAD paper, Fig. 1: the temperature each token position is decoded at, first and last step."""
+    """EAD paper, Fig. 1: the temperature each token position is decoded at, at the first and the last
+    RL step (EAD's s: 1 at the first rollout)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for run in trials:
         p = run.data.params
-        schedule = p.get("rollout.decoding.schedule", "fixed")
-        params = ({k: float(p[f"rollout.decoding.ead.{k}"]) for k in EAD_PARAMS} if schedule == "ead"
-                  else {"temperature": float(p.get("rollout.decoding.temperature", 1.0))})
+        decoding = DecodingConfig.model_validate(unflatten(p, "rollout.decoding."))
         positions = torch.arange(int(p.get("rollout.max_new_tokens", 64)))
-        last = int(run.data.metrics.get("progress/optimizer_step", 0))  # where the trial stopped (ASHA)
-        for step, style in ((0, "-"), (last, "--")):
-            ax.plot(positions, SCHEDULES[schedule](positions, step, **params), style,
+        last = int(run.data.metrics.get("progress/step", 1))  # where the trial stopped (ASHA)
+        for step, style in ((1, "-"), (last, "--")):
+            ax.plot(positions, SCHEDULES[decoding.schedule](positions, step, **decoding.schedule_params()), style,
                     label=f"{label(run, searched)}, step {step}")
     ax.set_xlabel("token position t")
     ax.set_ylabel("temperature")

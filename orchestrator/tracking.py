@@ -60,6 +60,19 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def unflatten(params: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The section under `prefix` of flattened params, nested again: {"p.a.b": 1} -> {"a": {"b": 1}}."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key.startswith(prefix):
+            *parents, leaf = key.removeprefix(prefix).split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    return out
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,

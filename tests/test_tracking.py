@@ -86,3 +86,12 @@ def test_the_trials_view_finds_one_sweeps_trial_runs_unfolded(tmp_path):
     assert params["workflowType"] == "machine_learning" and params["compareRunsMode"] == "CHART"
     assert params["orderByKey"] == "metrics.`val/accuracy`" and params["orderByAsc"] == "false"
     assert len(tracker.client.search_runs([tracker.experiment_id], params["searchFilter"])) == 2
+
+
+def test_unflatten_nests_one_section_of_flattened_params_again():
+    from orchestrator.tracking import flatten, unflatten
+
+    spec = {"rollout": {"decoding": {"schedule": "ead", "ead": {"tau_max": 1.2, "d0": 25.0}}, "top_p": 0.9},
+            "seed": 3}
+    assert unflatten(flatten(spec), "rollout.decoding.") == spec["rollout"]["decoding"]
+    assert unflatten(flatten(spec), "learner.") == {}
