@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import signal
 import threading
+from datetime import datetime
 
+import pyarrow.fs
 import ray
 import torch
 import torch.distributed as dist
+
+from trainables.ranks import reduce_max
 
 TERMINATING = threading.Event()  # this process got SIGTERM while training
 TRAINING = threading.Event()  # the training loop runs in this process: a SIGTERM outside it ends the process
@@ -114,3 +118,18 @@ class Notices:
     @property
     def terminating(self) -> bool:
         return "sigterm" in self.handled
+
+
+def stop_asked(rank: int, stop_file, save_by, last_step_seconds: float | None, save_seconds: float | None) -> bool:
+    """A stop file (pyarrow filesystem, path: the driver got SIGTERM) or `checkpoint.save_by` too close
+    to run another step and save. Rank 0 decides and every rank follows, so all of them stop at the same
+    step boundary."""
+    stop = False
+    if rank == 0:
+        if stop_file:
+            fs, path = stop_file
+            stop = fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+        if save_by is not None and last_step_seconds is not None:
+            margin = 2 * last_step_seconds + (save_seconds or last_step_seconds)
+            stop = stop or (save_by - datetime.now(save_by.tzinfo)).total_seconds() < margin
+    return reduce_max(float(stop)) > 0

@@ -4,22 +4,9 @@
             -> [luffy / oger*: teacher members and OGER reward, trainables/hybrid.py]
             -> group advantages -> TIS weights -> DeepSpeed update -> weights to the service
 
-Metric names (per RL step; sums are reduced over ranks before averaging):
-    rollout/reward_mean, rollout/accuracy, rollout/response_length, rollout/stop_fraction,
-    rollout/frac_zero_std, rollout/verify_<reason> (counts), rollout/ead_decay (d_s, EAD only),
-    policy/entropy, policy/clip_fraction, policy/kl, policy/grad_norm, policy/lr, learner/pad_fraction
-    (padding in the update's micro-batches), tis/weight_mean, tis/weight_max, tis/capped_fraction,
-    timing/{generate,score,old_logprob,offline,update,sync,validate,step,report,checkpoint},
-    timing/tokens_per_s, timing/startup and timing/startup_{workers,data,learner,restore_and_sync} (at
-    the first step), timing/{loop_wall,logging} (cumulative seconds),
-    policy/offpolicy_token_share, faults/service_losses (cumulative, rank 0), and at a resume
-    faults/{resumed_from_step,redone_steps}; with luffy / oger*: offline/{replaced,accuracy,groups_without_data,
-    advantage_mean},
-    rollout/accuracy_online_kept; with oger*: oger/{divergence_mean,last_token_entropy_mean,
-    exploration_mean,exploration_max}, timing/encoder (the encoder actor's busy seconds, every rank's texts).
-    Every `validation.every` steps: val/<benchmark>/{avg_at_k,pass_at_1,...,maj_at_k,worst_at_k,
-    response_length} (ValidationConfig.metric_names), val/accuracy (avg@k over the benchmarks),
-    val/response_length. progress/{step,optimizer_step}.
+Its parts: the rollout client (trainables/rollout/client.py), the hybrid groups (hybrid.py), the learner
+(learner.py), the metrics (step_metrics.py; every name documented in metrics.py), the validation
+(validation.py), the checkpoints (resume.py), notices and stops (notices.py), the record (trial_log.py).
 """
 
 from __future__ import annotations
@@ -27,7 +14,6 @@ from __future__ import annotations
 import random
 import time
 from contextlib import contextmanager
-from datetime import datetime
 
 import numpy as np
 import pyarrow.fs
@@ -36,7 +22,6 @@ import torch
 from ray.train.torch import get_device
 
 from trainables import calls, resume
-from trainables.artifacts import rollout_samples_jsonl, validation_curve
 from trainables.config import VAL_STEP, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import load_benchmarks
@@ -44,17 +29,14 @@ from trainables.data.tasks import encode_prompt, train_problems
 from trainables.data.offline import OfflineStore
 from trainables.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
-from trainables.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice
+from trainables.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
 from trainables.ranks import reduce_max, reduce_sums
 from trainables.rollout.client import RolloutClient, sampling_spec
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.step_log import StepLogger
 from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
+from trainables.trial_log import TrialLog, startup_breakdown
 from trainables.validation import Validation
-
-LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
-
 
 @contextmanager
 def timed(timings: dict[str, float], key: str):
@@ -105,7 +87,8 @@ class Trial:
                                             cfg.validation.num_prompts)
         for name, counts in skipped.items():
             if counts and self.rank == 0:
-                print(f"[trial {cfg.name}] validation {name}: skipped {sum(counts.values())} rows {dict(counts)}")
+                print(f"[trial {cfg.name}] validation {name}: skipped {sum(counts.values())} rows {dict(counts)}",
+                      flush=True)
         self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
         # On GPUs, the device Ray Train gave this rank (it sets CUDA_VISIBLE_DEVICES and the local rank).
         device = str(get_device()) if cfg.learner.use_gpu else "cpu"
@@ -120,7 +103,7 @@ class Trial:
                                     timeout_s=cfg.checkpoint.actor_timeout_s)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
                                    world=self.world)
-        self.logger = StepLogger(tracking.get("uri"), tracking.get("run_id")) if self.rank == 0 else None
+        self.record = TrialLog(cfg.name, cfg.learner.steps, tracking, self.rank, cfg.logging.rollout_samples)
         self.start_step = 0
         self.base_val: dict[str, float] = {}
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
@@ -239,8 +222,7 @@ class Trial:
         state = {"base_val": self.base_val, "val_history": self.val_history, "metrics": metrics,
                  "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}
         # Every step up to this checkpoint is in MLflow before it is committed: a resume skips them.
-        drain = self.logger.drain if self.logger is not None else (lambda: None)
-        self.save_seconds = resume.save(self.learner, step, self.rank, self.world, state, metrics, drain)
+        self.save_seconds = resume.save(self.learner, step, self.rank, self.world, state, metrics, self.record.drain)
 
     def restore(self) -> None:
         """Continue from the latest intact checkpoint; a corrupt latest one falls back to an older one."""
@@ -250,41 +232,23 @@ class Trial:
             self.base_val = state["base_val"]
             self.val_history = [(int(done), val) for done, val in state["val_history"]]
 
-    def stop_requested(self) -> bool:
-        """A stop file (the driver got SIGTERM) or `checkpoint.save_by` too close to run another step.
-
-        Rank 0 decides and every rank follows, so all of them stop at the same step boundary.
-        """
-        stop = False
-        if self.rank == 0:
-            if self.stop_file:
-                fs, path = self.stop_file
-                stop = fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
-            deadline = self.cfg.checkpoint.save_by
-            if deadline is not None and self.last_step_seconds is not None:
-                now = datetime.now(deadline.tzinfo)
-                margin = 2 * self.last_step_seconds + (self.save_seconds or self.last_step_seconds)
-                stop = stop or (deadline - now).total_seconds() < margin
-        return reduce_max(float(stop)) > 0
-
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> None:
         cfg = self.cfg
         self.restore()
         self.client.sync()  # the service must serve the learner's weights, also after a resume
-        if self.logger is not None:
-            self.resume_logging()
+        self.record.resume(self.start_step)
         # Start-up (Ray, engines, worker group, DeepSpeed, restore) ends here; the cumulative loop wall
         # and logging time let `python -m bench` split a steady state into compute and overhead.
         loop_start = time.perf_counter()
         self.startup_marks["restore_and_sync"] = time.time()
-        startup = self.startup_breakdown()
+        startup = startup_breakdown(self.started_at, self.startup_marks)
         every = cfg.validation.every
         if every and self.start_step == 0:
             with timed(t := {}, "validate"):
                 self.val_history.append((0, self.validate(0)))  # the base policy, before any update
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
-            self.log(-1, {**self.base_val, "timing/validate": t["validate"]})
+            self.record.log(-1, {**self.base_val, "timing/validate": t["validate"]})
         last_finite: dict[str, float] = {}
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
@@ -296,96 +260,42 @@ class Trial:
                 with timed(t := {}, "validate"):
                     self.val_history.append((step + 1, self.validate(step + 1)))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
-                self.log_artifacts(step)
-            metrics.update(self.base_val)
-            metrics["timing/loop_wall"] = time.perf_counter() - loop_start
-            if step == self.start_step:
-                metrics.update(startup)
-            if self.logger is not None:
-                metrics["timing/logging"] = self.logger.seconds
-            self.log(step, metrics)
-            self.print_progress(step, metrics)
-            stop = not last and self.stop_requested()
-            notice = None if last or stop else self.notices.new()
-            # Every report carries the latest validation, so Tune's schedulers always see the objective.
-            reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
-            if self.val_history:  # which step that validation is of: a searcher keys its value by it
-                reported[VAL_STEP] = self.val_history[-1][0]
-            start, saved = time.perf_counter(), {}
-            if last or stop or notice or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
-                self.save_checkpoint(step, reported)
-                saved = {"timing/checkpoint": self.save_seconds}
-                if notice:
-                    self.after_notice(step, notice)
-            elif (step + 1) % cfg.logging.report_every == 0 or validated:
-                ray.train.report(reported)
-            else:
-                continue
-            self.log(step, {**saved, "timing/report": time.perf_counter() - start})  # a barrier of all ranks
-            if stop:
-                if self.rank == 0:
-                    print(f"[trial {cfg.name}] stopped after step {step + 1} with a checkpoint; "
-                          f"--resume continues it", flush=True)
+                self.record.artifacts(step, self.val_history, self.last_step_rows)
+            metrics.update(self.base_val, **{"timing/loop_wall": time.perf_counter() - loop_start})
+            metrics.update({**(startup if step == self.start_step else {}), **self.record.seconds})
+            self.record.log(step, metrics)
+            self.record.progress(step, metrics)
+            if self.end_step(step, metrics, validated, last):
+                self.record.say(f"stopped after step {step + 1} with a checkpoint; --resume continues it")
                 return
 
-    def after_notice(self, step: int, notice: str) -> None:
-        """Checkpointed for a notice: say so; a SIGTERM'd process then leaves (Ray Train restarts the ranks
-        from this checkpoint), a drain lets training go on until Ray Train moves the ranks at its deadline."""
-        if self.rank == 0:
-            print(f"[trial {self.cfg.name}] {notice}: checkpointed after step {step + 1}", flush=True)
-        if self.notices.terminating:
-            raise WorkerTerminating(f"trial {self.cfg.name}: {notice}; restarting from the checkpoint after step "
-                                    f"{step + 1}")
-
-    def startup_breakdown(self) -> dict[str, float]:
-        """timing/startup (the driver's start to the first step) and its stages: workers (Ray, the
-        actors, Train's worker group, imports), data, learner (model and DeepSpeed), restore_and_sync
-        (checkpoint, first weight push). The engines load meanwhile (their health's load_seconds)."""
-        if not self.started_at:
-            return {}
-        times = [self.started_at, *self.startup_marks.values()]
-        stages = {f"timing/startup_{name}": end - begin
-                  for name, begin, end in zip(self.startup_marks, times, times[1:])}
-        return {"timing/startup": times[-1] - times[0], **stages}
-
-    def resume_logging(self) -> None:
-        """Rank 0: leave the steps already in the MLflow run alone, and record where the run resumed."""
-        logged = self.logger.logged_through(LOGGED_KEYS)
-        self.logger.skip_through = logged
-        if logged < 0:
-            return
-        redone = max(logged - self.start_step, 0)  # MLflow step s = RL steps done
-        self.logger.log(self.start_step, {"faults/resumed_from_step": self.start_step, "faults/redone_steps": redone},
-                        force=True)
-        print(f"[trial {self.cfg.name}] MLflow run has steps up to {logged}: {redone} recomputed steps "
-              f"will not be logged again", flush=True)
-
-    def print_progress(self, step: int, m: dict[str, float]) -> None:
-        if self.rank != 0:
-            return
-        val = f" val/accuracy {m['val/accuracy']:.3f}" if "val/accuracy" in m else ""
-        print(f"[trial {self.cfg.name}] step {step + 1}/{self.cfg.learner.steps} "
-              f"reward {m['rollout/reward_mean']:.3f} accuracy {m['rollout/accuracy']:.3f} "
-              f"entropy {m['policy/entropy']:.3f} length {m['rollout/response_length']:.1f}{val} "
-              f"({m['timing/step']:.1f} s)", flush=True)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if self.logger is not None:
-            self.logger.log(step + 1, metrics)  # MLflow step 0 is the base policy
-
-    def log_artifacts(self, step: int) -> None:
-        """Rank 0: a sample of this step's rollouts with their rewards, and the validation curve so far."""
-        if self.logger is None:
-            return
-        if self.cfg.logging.rollout_samples and self.last_step_rows is not None:
-            problems, rollouts, rewards, offpolicy = self.last_step_rows
-            self.logger.log_file(f"rollouts/step_{step + 1:06d}.jsonl", rollout_samples_jsonl(
-                step + 1, [p.question for p in problems], [p.answer for p in problems], rollouts.texts,
-                rewards.tolist(), rollouts.finish_reasons, offpolicy.tolist(), rollouts.n,
-                self.cfg.logging.rollout_samples))
-        csv, png = validation_curve(self.val_history, f"{self.cfg.name}: validation")
-        self.logger.log_file("validation_curve.csv", csv)
-        self.logger.log_file("validation_curve.png", png)
+    def end_step(self, step: int, metrics: dict[str, float], validated: bool, last: bool) -> bool:
+        """Report the step to Ray Train, with a checkpoint when it is due, asked for (a stop: True) or
+        a notice came; a SIGTERM'd process then leaves (Ray Train restarts the ranks from it), a drain
+        lets training go on until Ray Train moves the ranks at its deadline."""
+        cfg = self.cfg
+        stop = not last and stop_asked(self.rank, self.stop_file, cfg.checkpoint.save_by, self.last_step_seconds,
+                                       self.save_seconds)
+        notice = None if last or stop else self.notices.new()
+        # Every report carries the latest validation, so Tune's schedulers always see the objective.
+        reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
+        if self.val_history:  # which step that validation is of: a searcher keys its value by it
+            reported[VAL_STEP] = self.val_history[-1][0]
+        start, saved = time.perf_counter(), {}
+        if last or stop or notice or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
+            self.save_checkpoint(step, reported)
+            saved = {"timing/checkpoint": self.save_seconds}
+            if notice:
+                self.record.say(f"{notice}: checkpointed after step {step + 1}")
+                if self.notices.terminating:
+                    raise WorkerTerminating(f"trial {cfg.name}: {notice}; restarting from the checkpoint "
+                                            f"after step {step + 1}")
+        elif (step + 1) % cfg.logging.report_every == 0 or validated:
+            ray.train.report(reported)
+        else:
+            return False
+        self.record.log(step, {**saved, "timing/report": time.perf_counter() - start})  # a barrier of all ranks
+        return stop
 
 
 def quiet_report_log() -> None:
@@ -411,5 +321,4 @@ def train_loop_per_worker(config: dict) -> None:
         trial.run()
     finally:
         TRAINING.clear()
-        if trial.logger is not None:
-            trial.logger.close()  # what is queued reaches MLflow before the driver closes the run
+        trial.record.close()
