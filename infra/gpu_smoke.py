@@ -41,6 +41,29 @@ def random_tiny_qwen2(folder: Path) -> Path:
     return folder
 
 
+def train_steps(engine, learner, prompts: list[list[int]], n: int, ead, timed, keep_device: bool):
+    """STEPS RL steps of the learner on the engine's rollouts, the weights loaded back into the engine in
+    place; (response tokens, the first step's responses, the last weights)."""
+    import torch
+
+    from trainables.learner import build_train_batch
+
+    tokens, before, state = 0, None, None
+    for step in range(STEPS):
+        rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, ead(step + 1, step)))  # s: the RL step
+        tokens += rollouts.num_tokens
+        before = before or rollouts.response_ids
+        # A stand-in reward (no verifier here, and an untrained model): the response's length, so that
+        # every group has advantages to learn from.
+        rewards = torch.tensor([float(len(ids)) for ids in rollouts.response_ids])
+        batch = build_train_batch(rollouts, engine.tokenizer.pad_token_id)
+        logp_old, _ = timed("old log-prob pass", lambda: learner.old_logprobs(batch))
+        timed("learner update", lambda: learner.rl_update(batch, rewards.view(-1, n), logp_old))  # [P, N]
+        state = timed("full weights on the device", lambda: learner.full_state_dict(keep_device=keep_device))
+        timed("load into the engine in place", lambda: engine.update_weights(state, learner.optimizer_step))
+    return tokens, before, state
+
+
 def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     """The learner-side GPU path without Ray or vLLM; prints its table, returns the exit code."""
     import os
@@ -51,7 +74,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     from trainables.config import TrialConfig
     from trainables.data.arithmetic import make_splits
     from trainables.data.tasks import encode_prompt
-    from trainables.learner import Learner, build_train_batch, process_group_backend
+    from trainables.learner import Learner, process_group_backend
     from trainables.rollout.hf import HFEngine
     from trainables.rollout.client import sampling_spec
     from trainables.rollout.weight_sync import free_port
@@ -80,23 +103,11 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
         seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - start
         return out
 
-    n, tokens, before = cfg.rollout.group_size, 0, None
-    initial = learner.full_state_dict()
     def ead(step: int, seed: int):  # the spec's decoding: EAD
         return sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step=step, seed=seed)
 
-    for step in range(STEPS):
-        rollouts = timed("generate (EAD)", lambda: engine.generate(prompts, n, ead(step + 1, step)))  # s: the RL step
-        tokens += rollouts.num_tokens
-        before = before or rollouts.response_ids
-        # A stand-in reward (no verifier here, and an untrained model): the response's length, so that
-        # every group has advantages to learn from.
-        rewards = torch.tensor([float(len(ids)) for ids in rollouts.response_ids])
-        batch = build_train_batch(rollouts, engine.tokenizer.pad_token_id)
-        logp_old, _ = timed("old log-prob pass", lambda: learner.old_logprobs(batch))
-        timed("learner update", lambda: learner.rl_update(batch, rewards.view(-1, n), logp_old))  # [P, N]
-        state = timed("full weights on the device", lambda: learner.full_state_dict(keep_device=not cpu))
-        timed("load into the engine in place", lambda: engine.update_weights(state, learner.optimizer_step))
+    n, initial = cfg.rollout.group_size, learner.full_state_dict()
+    tokens, before, state = train_steps(engine, learner, prompts, n, ead, timed, keep_device=not cpu)
     rows = {"generate, tokens/s": tokens / seconds["generate (EAD)"],
             **{f"{label}, s/step": total / STEPS for label, total in seconds.items()}}
     after = engine.generate(prompts, n, ead(0, 0)).response_ids
@@ -110,13 +121,18 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
         checks["another process opened every tensor of the IPC handles, bit-equal"] = ipc_round_trip(state, rows)
         rows["peak GPU memory, GiB"] = torch.cuda.max_memory_allocated() / 2**30
     name = "CPU" if cpu else torch.cuda.get_device_name(0)
-    print(f"\ngpu smoke --learner-only on {name}: {STEPS} steps of {len(prompts)} prompts x {n} rollouts, "
-          f"ZeRO-{cfg.learner.zero_stage}, {'fp32' if cpu else 'bf16'}")
+    dist.destroy_process_group()
+    return print_table(f"gpu smoke --learner-only on {name}: {STEPS} steps of {len(prompts)} prompts x {n} "
+                       f"rollouts, ZeRO-{cfg.learner.zero_stage}, {'fp32' if cpu else 'bf16'}", rows, checks)
+
+
+def print_table(title: str, rows: dict[str, float], checks: dict[str, bool]) -> int:
+    """The figures and the checks; the exit code (1 when a check failed)."""
+    print(f"\n{title}")
     for label, value in rows.items():
         print(f"  {label:<44} {value:10.3f}")
     for label, ok in checks.items():
         print(f"  {'ok ' if ok else 'FAILED '} {label}")
-    dist.destroy_process_group()
     return 0 if all(checks.values()) else 1
 
 
