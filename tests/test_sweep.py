@@ -207,6 +207,17 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
 
 
 @pytest.mark.slow
+def test_every_metric_a_trial_logged_is_documented(finished_sweep):
+    from trainables.metrics import documented
+
+    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
+    trials = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.data.tags.get("kind") == "trial"]
+    logged = {name for run in trials for name in run.data.metrics}
+    assert len(logged) > 60 and "val/arithmetic/pass_at_2" in logged
+    assert sorted(name for name in logged if documented(name) is None) == []
+
+
+@pytest.mark.slow
 def test_mlflow_optuna_and_tune_agree_on_every_trial(finished_sweep):
     """Each client through its own API: a configuration ASHA stopped is pruned in all three (MLflow
     `FINISHED` with state `pruned` and a description saying so, Optuna `PRUNED`, Tune short of the last step), a finished one is
