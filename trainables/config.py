@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from trainables.algorithms import ALGORITHMS
-from trainables.data.arithmetic import TEACHERS
+from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
 from trainables.data.prompts import TEMPLATES
 from trainables.losses import AGGREGATIONS, TIS_LEVELS
@@ -134,8 +134,6 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _known_levels(self) -> TaskConfig:
-        from trainables.data.arithmetic import LEVEL_SPACE, LEVELS
-
         unknown = sorted(set(self.levels) - set(LEVELS))
         if not self.levels or unknown:
             raise ValueError(f"levels must be a non-empty list from {sorted(LEVELS)} (unknown: {unknown})")

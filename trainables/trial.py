@@ -47,8 +47,7 @@ from trainables.checkpoint import (TRIAL_STATE, checkpoint_problem, rank_file, r
                                    saved_world_size, set_rng_state, write_manifest)
 from trainables.config import VAL_STEP, DecodingConfig, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
-from trainables.data.benchmarks import load_benchmarks
-from trainables.data.tasks import encode_prompt, train_problems
+from trainables.data.tasks import encode_prompt, load_benchmarks, train_problems
 from trainables.data.offline import OfflineStore
 from trainables.errors import CheckpointError, NonFiniteError, write_failure
 from trainables.evaluation import avg_at_k_se, macro_row, metric_key
