@@ -481,16 +481,24 @@ class TrialConfig(Section):
                 f"learner.prompts_per_step ({lr.prompts_per_step}) must be divisible by "
                 f"learner.num_workers ({lr.num_workers}): every rank takes whole groups"
             )
-        per_rank = lr.prompts_per_step // lr.num_workers * self.rollout.group_size
+        per_rank = self.sequences_per_rank
         if per_rank % lr.minibatches:
             raise ValueError(
                 f"learner.minibatches ({lr.minibatches}) must divide the {per_rank} sequences of a rank"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _online_member_stays(self) -> TrialConfig:
         if self.algorithm.replacement_density >= self.rollout.group_size and self.preset.uses_offline:
             raise ValueError(
                 f"algorithm.replacement_density ({self.algorithm.replacement_density}) must be < "
                 f"rollout.group_size ({self.rollout.group_size}): at least one online member stays"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _offline_prompts(self) -> TrialConfig:
         if self.task.name == "offline_prompts" and (not self.offline.files or self.offline.teachers
                                                     or BUILTIN in self.validation.benchmarks):
             raise ValueError("task.name offline_prompts takes its prompts from offline.files (give at least one), "
@@ -499,12 +507,21 @@ class TrialConfig(Section):
         if self.prompt.template == "dataset" and self.task.name != "offline_prompts":
             raise ValueError("prompt.template dataset keeps the data file's chat list: it needs task.name "
                              "offline_prompts (the built-in task has none; use builtin, openr1 or none)")
-        ro = self.rollout
+        return self
+
+    @model_validator(mode="after")
+    def _colocation(self) -> TrialConfig:
+        ro, lr = self.rollout, self.learner
         if ro.backend == "hf" and (ro.tensor_parallel_size > 1 or ro.colocate):
             raise ValueError("rollout.tensor_parallel_size and rollout.colocate need rollout.backend: vllm")
         if ro.colocate and not (lr.use_gpu and 0 < ro.num_gpus < 1):
             raise ValueError(f"rollout.colocate shares the learner's GPUs: it needs learner.use_gpu: true and "
                              f"0 < rollout.num_gpus < 1 (got use_gpu {lr.use_gpu}, num_gpus {ro.num_gpus})")
+        return self
+
+    @model_validator(mode="after")
+    def _weight_transfer(self) -> TrialConfig:
+        ro, lr = self.rollout, self.learner
         if ro.weight_transfer == "nccl" and not (ro.backend == "vllm" and lr.use_gpu and ro.num_gpus
                                                   and not ro.colocate):
             raise ValueError("rollout.weight_transfer nccl sends between GPUs: it needs rollout.backend: vllm, "
@@ -513,15 +530,28 @@ class TrialConfig(Section):
         if ro.weight_transfer == "ipc" and not ro.colocate:
             raise ValueError("rollout.weight_transfer ipc maps the learner's GPU memory: it needs rollout.colocate: "
                              "true (engines on the learner's GPUs); use nccl for engines on GPUs of their own")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_placement(self) -> TrialConfig:
+        ro, lr = self.rollout, self.learner
         if ro.num_engines > lr.num_workers:
             raise ValueError(f"rollout.num_engines ({ro.num_engines}) must be <= learner.num_workers "
                              f"({lr.num_workers}): each rank generates on one engine, extra engines would idle")
         if not ro.colocate and ro.num_gpus and ro.num_gpus != ro.tensor_parallel_size:
             raise ValueError(f"rollout.num_gpus ({ro.num_gpus}) must equal rollout.tensor_parallel_size "
                              f"({ro.tensor_parallel_size}): an engine of its own holds whole GPUs")
+        return self
+
+    @model_validator(mode="after")
+    def _remote_storage_tracking(self) -> TrialConfig:
         if "://" in self.storage and not self.logging.tracking_uri:
             raise ValueError(f"logging.tracking_uri is needed with a storage URI ({self.storage}): an MLflow "
                              f"server such as http://HOST:5000 (the default sqlite store is a local file)")
+        return self
+
+    @model_validator(mode="after")
+    def _validation_fits_task(self) -> TrialConfig:
         if BUILTIN in self.validation.benchmarks and self.validation.num_prompts > self.task.val_size:
             raise ValueError(
                 f"validation.num_prompts ({self.validation.num_prompts}) must be <= task.val_size "
@@ -558,5 +588,16 @@ class TrialConfig(Section):
         return learner + (0 if self.rollout.colocate else self.rollout.num_gpus * self.rollout.num_engines)
 
     @property
+    def prompts_per_rank(self) -> int:
+        """Prompts one learner rank rolls out per RL step (whole groups: `_batches_divide`)."""
+        return self.learner.prompts_per_step // self.learner.num_workers
+
+    @property
     def sequences_per_rank(self) -> int:
-        return self.learner.prompts_per_step // self.learner.num_workers * self.rollout.group_size
+        """Sequences one learner rank trains on per RL step: its prompts times the group size."""
+        return self.prompts_per_rank * self.rollout.group_size
+
+    @property
+    def sequences_per_minibatch(self) -> int:
+        """Sequences of one rank in one optimizer step (`learner.minibatches` divide a rank's)."""
+        return self.sequences_per_rank // self.learner.minibatches
