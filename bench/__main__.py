@@ -137,7 +137,7 @@ def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tu
 
 def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
     from bench.learner import learner_figures
-    from trainables.data.bootstrap import resolve_model_path
+    from trainables.data.models import resolve_model_path
 
     console.print("[bold]learner[/bold]: old log-probs + update, chunked and full-logits passes, fresh processes")
     figures = learner_figures(cfg, quick, str(resolve_model_path(cfg.model, cfg.cache_dir)))

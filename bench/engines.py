@@ -14,10 +14,9 @@ import time
 from dataclasses import replace
 
 from trainables.config import TrialConfig
-from trainables.data.bootstrap import resolve_model_path
+from trainables.data.models import resolve_model_path
 from trainables.data.tasks import encode_prompt, train_problems
 from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.rollout.client import sampling_spec
 
 
 def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, dict[str, SamplingSpec]]:
@@ -29,9 +28,9 @@ def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, dict[str, Sam
 
     model_path = str(resolve_model_path(cfg.model, cfg.cache_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    per_rank = cfg.learner.prompts_per_step // cfg.learner.num_workers
+    per_rank = cfg.prompts_per_rank
     prompts = [encode_prompt(tokenizer, p) for p in train_problems(cfg)[:per_rank]]
-    ead = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step=0, seed=cfg.seed)
+    ead = cfg.rollout.decoding.sampling(cfg.rollout.max_new_tokens, step=0, seed=cfg.seed)
     if ead.schedule != "ead":
         ead = replace(ead, schedule="ead", params=cfg.rollout.decoding.ead.model_dump())
     fixed = replace(ead, schedule="fixed", params={"temperature": 1.0})

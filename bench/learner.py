@@ -78,17 +78,16 @@ def measure_speed(spec: dict) -> dict:
     """Subprocess: paired rounds of the two passes on the same learner and rollouts."""
     import torch
 
+    from trainables.config import DecodingConfig
     from trainables.data.tasks import encode_prompt, train_problems
     from trainables.learner import build_train_batch
     from trainables.rollout.hf import HFEngine
-    from trainables.config import DecodingConfig
-    from trainables.rollout.client import sampling_spec
 
     learner = _learner(spec["model"], spec["trial"])
     cfg = learner.cfg
     engine = HFEngine(spec["model"])
     prompts = [encode_prompt(engine.tokenizer, p) for p in train_problems(cfg)[: cfg.learner.prompts_per_step]]
-    at_one = sampling_spec(DecodingConfig(schedule="fixed"), cfg.rollout.max_new_tokens, step=0, seed=1)
+    at_one = DecodingConfig(schedule="fixed").sampling(cfg.rollout.max_new_tokens, step=0, seed=1)
     rollouts = engine.generate(prompts, cfg.rollout.group_size, at_one)
     batch = build_train_batch(rollouts, engine.tokenizer.pad_token_id)
     torch.set_num_threads(1)

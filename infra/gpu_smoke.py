@@ -76,7 +76,6 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     from trainables.data.tasks import encode_prompt
     from trainables.learner import Learner, process_group_backend
     from trainables.rollout.hf import HFEngine
-    from trainables.rollout.client import sampling_spec
     from trainables.rollout.weight_sync import free_port
 
     device = "cpu" if cpu else "cuda"
@@ -104,7 +103,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
         return out
 
     def ead(step: int, seed: int):  # the spec's decoding: EAD
-        return sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step=step, seed=seed)
+        return cfg.rollout.decoding.sampling(cfg.rollout.max_new_tokens, step=step, seed=seed)
 
     n, initial = cfg.rollout.group_size, learner.full_state_dict()
     tokens, before, state = train_steps(engine, learner, prompts, n, ead, timed, keep_device=not cpu)

@@ -34,13 +34,12 @@ from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.inputs import check_tracking_uri
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import TRIAL_STATE, first_intact, saved_world_size
-from trainables.config import MODEL_PRESETS, DecodingConfig, EADConfig, ModelConfig, PromptConfig, TrialConfig
-from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, load_benchmarks
-from trainables.data.bootstrap import resolve_model_path
+from trainables.config import DecodingConfig, EADConfig, ModelConfig, PromptConfig, TrialConfig
+from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
+from trainables.data.models import MODEL_PRESETS, resolve_model_path
 from trainables.data.prompts import TEMPLATES
-from trainables.data.tasks import encode_prompt
+from trainables.data.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
-from trainables.rollout.client import sampling_spec
 
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
 
@@ -88,8 +87,10 @@ def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str
     files = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, path = item.partition("=")
-        if name != BUILTIN and name not in BENCHMARK_NAMES:
-            raise SpecError(f"--benchmarks: unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
+        try:
+            check_name(name)
+        except BenchmarkError as e:
+            raise SpecError(f"--benchmarks: {e}") from None
         if name != BUILTIN and not path:
             raise SpecError(f"--benchmarks: {name} needs its file, as {name}=PATH")
         files[name] = path or None
@@ -148,7 +149,7 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
     rows, task = [], progress.add_task(title, total=len(problems))
     for start in range(0, len(problems), PROMPTS_PER_CALL):
         chunk = problems[start : start + PROMPTS_PER_CALL]
-        spec = sampling_spec(decoding.config, max_new_tokens, step=0, seed=seed * 1_000_003 + start)
+        spec = decoding.config.sampling(max_new_tokens, step=0, seed=seed * 1_000_003 + start)
         batch = ray.get(service.generate.remote([encode_prompt(tokenizer, p, prompt) for p in chunk], samples, spec))
         for i, problem in enumerate(chunk):
             texts = [prompt.completion(text) for text in batch.texts[i * samples : (i + 1) * samples]]

@@ -28,7 +28,7 @@ from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
-from trainables.data.bootstrap import resolve_model_path
+from trainables.data.models import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 STUDY_FILE = "optuna.db"

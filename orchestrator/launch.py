@@ -161,7 +161,7 @@ def start_verifier():
     """The trial's math-verify actor: stateless, so Ray restarts it and retries its calls if it dies."""
     import ray
 
-    from trainables.rewards.verify import VerifierService
+    from trainables.verifier import VerifierService
 
     return ray.remote(VerifierService).options(num_cpus=0, max_restarts=-1, max_task_retries=-1,
                                                scheduling_strategy="DEFAULT").remote()

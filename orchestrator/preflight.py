@@ -46,7 +46,7 @@ def micro_batch_tokens(cfg: TrialConfig) -> int:
     longest = PROMPT_TOKENS[cfg.task.name] + cfg.rollout.max_new_tokens
     if lr.max_tokens_per_micro_batch:
         return max(lr.max_tokens_per_micro_batch, longest)  # a row over the budget is a micro-batch alone
-    return min(lr.micro_batch_size, cfg.sequences_per_rank // lr.minibatches) * longest
+    return min(lr.micro_batch_size, cfg.sequences_per_minibatch) * longest
 
 
 def memory_report(cfg: TrialConfig) -> str:

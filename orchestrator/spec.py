@@ -16,7 +16,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from trainables.config import (
-    METRIC_NAMESPACES,
     AlgorithmConfig,
     CheckpointConfig,
     DecodingConfig,
@@ -31,6 +30,7 @@ from trainables.config import (
     TrialConfig,
     ValidationConfig,
 )
+from trainables.metrics import OBJECTIVE_NAMESPACES
 from orchestrator.inputs import SpecError, check_trial_inputs
 from orchestrator.preflight import memory_report
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
@@ -190,7 +190,6 @@ def load_trial_spec(path: str | Path, overrides: list[str] | None = None, check_
 
 
 # -- the sweep's `search:` section -------------------------------------------------------------------
-OBJECTIVE_NAMESPACES = METRIC_NAMESPACES
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "value")
 
 

@@ -33,7 +33,6 @@ from orchestrator.console import console
 from orchestrator.experiment import ExperimentFailed
 from orchestrator.report import pyplot, save
 from orchestrator.spec import (
-    OBJECTIVE_NAMESPACES,
     Section,
     SpecError,
     absolute_paths,
@@ -47,6 +46,7 @@ from orchestrator.spec import (
 from orchestrator.stats import describe, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
 from orchestrator.tracking import tags_filter
 from trainables.config import TrialConfig
+from trainables.metrics import OBJECTIVE_NAMESPACES
 
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CURVES = ("policy/entropy", "rollout/response_length")

@@ -27,7 +27,7 @@ from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
-from trainables.data.bootstrap import resolve_model_path
+from trainables.data.models import resolve_model_path
 from trainables.errors import stated
 
 

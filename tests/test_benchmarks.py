@@ -14,10 +14,9 @@ from trainables.data.benchmarks import (
     BUILTIN,
     BenchmarkError,
     BenchmarkProblem,
-    builtin_validation,
     load_benchmark,
 )
-from trainables.data.tasks import load_task
+from trainables.data.tasks import builtin_validation, load_task
 
 
 def write_parquet(path, rows):

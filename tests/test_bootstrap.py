@@ -24,7 +24,7 @@ def test_config_overrides_make_a_cached_copy_with_the_same_weights(tiny_model_pa
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trainables.config import ModelConfig
-    from trainables.data.bootstrap import resolve_model_path
+    from trainables.data.models import resolve_model_path
 
     # A transformers 5 config nests the RoPE base; the override sets it and keeps its sibling keys.
     overrides = {"rope_parameters": {"rope_theta": 40000.0}, "max_position_embeddings": 16384}

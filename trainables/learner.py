@@ -113,7 +113,7 @@ def process_group_backend(use_gpu: bool) -> str:
 
 def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16: bool) -> dict:
     lr = cfg.learner
-    micro = math.ceil(cfg.sequences_per_rank / lr.minibatches / micro_batches)
+    micro = math.ceil(cfg.sequences_per_minibatch / micro_batches)
     config = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": micro_batches,
@@ -173,8 +173,7 @@ class Learner:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if cfg.learner.gradient_checkpointing:  # the model's own switch: layers recomputed in backward
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.micro_batches = math.ceil(cfg.sequences_per_rank / cfg.learner.minibatches
-                                       / cfg.learner.micro_batch_size)
+        self.micro_batches = math.ceil(cfg.sequences_per_minibatch / cfg.learner.micro_batch_size)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, world_size, self.micro_batches, bf16),

@@ -24,14 +24,13 @@ from ray.train.torch import get_device
 from trainables import calls, resume
 from trainables.config import VAL_STEP, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
-from trainables.data.benchmarks import load_benchmarks
-from trainables.data.tasks import encode_prompt, train_problems
+from trainables.data.tasks import encode_prompt, load_benchmarks, train_problems
 from trainables.data.offline import OfflineStore
 from trainables.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
 from trainables.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
 from trainables.ranks import reduce_max, reduce_sums
-from trainables.rollout.client import RolloutClient, sampling_spec
+from trainables.rollout.client import RolloutClient
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
@@ -142,7 +141,7 @@ class Trial:
             problems = [self.train_set[i] for i in step_prompts(
                 len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
             # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
-            spec = sampling_spec(cfg.rollout.decoding, cfg.rollout.max_new_tokens, step + 1,
+            spec = cfg.rollout.decoding.sampling(cfg.rollout.max_new_tokens, step + 1,
                                  seed=cfg.seed * 100_003 + step * 101 + self.rank)
             with timed(t, "generate"):
                 rollouts = self.client.generate(self.encode(problems), cfg.rollout.group_size, spec)

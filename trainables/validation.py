@@ -18,7 +18,7 @@ from trainables.config import TrialConfig
 from trainables.data.tasks import encode_prompt
 from trainables.evaluation import avg_at_k_se, macro_row, metric_key
 from trainables.ranks import from_rank0, gather
-from trainables.rollout.client import RolloutClient, sampling_spec
+from trainables.rollout.client import RolloutClient
 
 VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)
 
@@ -47,7 +47,7 @@ class Validation:
             per_call = max(1, VALIDATION_SEQUENCES_PER_CALL // k)
             # Every rank makes the same number of calls (generate is a collective round), sized by the largest share.
             for start in range(0, -(-len(problems) // self.world), per_call):
-                spec = sampling_spec(v.decoding, self.cfg.rollout.max_new_tokens, steps_done,
+                spec = v.decoding.sampling(self.cfg.rollout.max_new_tokens, steps_done,
                                      seed=(self.cfg.seed * 7919 + 17 + self.rank) * 1009 + call)  # same at every validation
                 prompts = [encode_prompt(self.tokenizer, p, prompt) for p in shard[start : start + per_call]]
                 rollouts = self.client.generate(prompts, k, spec)

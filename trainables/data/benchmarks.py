@@ -20,7 +20,7 @@ choice: the question lists the options as "A. ..." lines and the gold answer is 
 answerKey is a label ("C", or "3" in some rows) and becomes the letter of its position; GPQA's four
 answers are shuffled per question by an RNG seeded from (seed, uid). A uid is "<name>-<id>" where the
 dataset has an id column, else "<name>-<row index>". The built-in task's validation split is the
-benchmark "arithmetic" (`builtin_validation`).
+benchmark "arithmetic" (`as_benchmark` of its problems; `trainables.data.tasks.builtin_validation`).
 
 Bad rows never raise: each is skipped and counted under a reason ("missing question", "wrong type
 answer", "bad choices", ...). Only an unusable file raises `BenchmarkError`, one line.
@@ -36,10 +36,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from trainables.config import TaskConfig
+from trainables.data.arithmetic import Problem
 
 BUILTIN = "arithmetic"  # the built-in task's validation split; it has no file
 LETTERS = string.ascii_uppercase  # option letters; MMLU-Pro uses up to J
@@ -244,12 +243,17 @@ READERS: dict[str, Callable[[Path], tuple[list[Any], list[str]]]] = {
 }
 
 
+def check_name(name: str) -> None:
+    """BenchmarkError unless `name` is a benchmark: a layout of BENCHMARKS, or the built-in arithmetic."""
+    if name not in BENCHMARK_NAMES:
+        raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
+
+
 def _layout(name: str) -> Layout:
     if name == BUILTIN:
         raise BenchmarkError(f"benchmark {BUILTIN!r} is built in and has no file; use builtin_validation(task_cfg, "
                              "seed)")
-    if name not in BENCHMARKS:
-        raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)}")
+    check_name(name)
     return BENCHMARKS[name]
 
 
@@ -336,23 +340,19 @@ def load_benchmark(name: str, path: str | Path, *, limit: int | None = None,
     return problems, skipped
 
 
-def builtin_validation(task_cfg: TaskConfig, seed: int) -> list[BenchmarkProblem]:
-    """The built-in arithmetic task's validation split (`load_task`'s), as benchmark problems."""
-    # Imported here: the task module pulls in the verifier and the offline store, which files need neither of.
-    from trainables.data.tasks import load_task
-
-    _, val = load_task(task_cfg, seed)
-    return [BenchmarkProblem(f"{BUILTIN}-{problem.uid}", problem.question, problem.answer) for problem in val]
+def as_benchmark(problems: Sequence[Problem]) -> list[BenchmarkProblem]:
+    """Problems of the built-in task (its validation split) as the benchmark arithmetic's."""
+    return [BenchmarkProblem(f"{BUILTIN}-{problem.uid}", problem.question, problem.answer) for problem in problems]
 
 
-def load_benchmarks(files: Mapping[str, str | None], task_cfg: TaskConfig, seed: int,
+def read_benchmarks(files: Mapping[str, str | None], builtin: Sequence[BenchmarkProblem], *, seed: int,
                     limit: int | None = None) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
-    """{name: its first `limit` problems} for {name: file} (`arithmetic`: the built-in split, no file),
-    and the rows skipped in each file (its reasons counted)."""
+    """{name: its first `limit` problems} for {name: file} (`arithmetic`: `builtin`, no file), and the
+    rows skipped in each file (its reasons counted). seed: GPQA's option shuffle."""
     sets, skipped = {}, {}
     for name, path in files.items():
         if name == BUILTIN:
-            sets[name], skipped[name] = builtin_validation(task_cfg, seed)[:limit], Counter()
+            sets[name], skipped[name] = list(builtin[:limit]), Counter()
         else:
             sets[name], skipped[name] = load_benchmark(name, path, limit=limit, seed=seed)
     return sets, skipped

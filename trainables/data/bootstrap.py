@@ -13,21 +13,20 @@ import json
 import math
 import random
 import re
-import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import transformers
-from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from trainables.config import ModelConfig, TinyModelConfig
-from trainables.data.arithmetic import SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset, teacher_solution
-from trainables.data.tasks import encode_prompt
+from trainables.data.arithmetic import LEVELS, SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset, teacher_solution
+from trainables.data.cache import build_once
+from trainables.data.prompts import prompt_ids
+
+if TYPE_CHECKING:
+    from trainables.config import TinyModelConfig
 
 BOOTSTRAP_VERSION = 6  # bump when the recipe below changes, so stale caches are not reused
 EOS = "<|endoftext|>"
@@ -54,29 +53,8 @@ def ensure_tiny_model(cfg: TinyModelConfig, cache_dir: str | Path) -> Path:
                       lambda staging: build_tiny_model(cfg, staging))
 
 
-def build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """`target` (a model folder), made by `build(staging folder)` unless it exists; processes that ask
-    at once wait for the one that builds."""
-    target = target.expanduser().resolve()
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "config.json").is_file():  # another process built it while we waited
-            return target
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        start = time.perf_counter()
-        build(staging)
-        staging.rename(target)  # atomic: a half-built folder is never taken for a model
-        print(f"built {target} in {time.perf_counter() - start:.0f} s", flush=True)
-    return target
-
-
 def _corpus(cfg: TinyModelConfig, seed: int) -> list[str]:
     """Tokenizer corpus: prompts and teacher solutions of every level, so any level tokenises well."""
-    from trainables.data.arithmetic import LEVELS
-
     problems, _ = make_splits(seed + 1, sorted(LEVELS), train_size=400, val_size=1)
     rows = teacher_dataset(problems, seed, wrong_rate=0.0, overlong_rate=0.0)
     return [SYSTEM_PROMPT] + [r["question"] for r in rows] + [r["solution"] for r in rows]
@@ -132,7 +110,7 @@ class SFTStream:
     def __init__(self, cfg: TinyModelConfig, tokenizer, seed: int):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.problems, _ = make_splits(seed + 2, cfg.sft_levels, train_size=cfg.sft_examples, val_size=1)
-        self.prompts = [encode_prompt(tokenizer, p) for p in self.problems]
+        self.prompts = [prompt_ids(tokenizer, p) for p in self.problems]  # the builtin template
         self.rng = random.Random(seed)
 
     def example(self) -> tuple[list[int], int]:
@@ -203,57 +181,3 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
         json.dumps({"config": cfg.model_dump(), "version": BOOTSTRAP_VERSION,
                     "teachers": list(TEACHERS)}, indent=2)
     )
-
-
-def resolve_model_path(model: ModelConfig, cache_dir: str) -> Path:
-    """The policy's model folder: the spec's, checked, or its preset's, built on first use; with
-    `model.config_overrides`, a cached copy whose config.json has them."""
-    if model.path is None and model.preset == "tiny":
-        folder = ensure_tiny_model(model.tiny, cache_dir)
-    elif model.path is None:
-        from trainables.data.pretrained import ensure_smollm2  # the one other preset
-
-        folder = ensure_smollm2(cache_dir)
-    else:
-        folder = Path(model.path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path: {folder} is not a Hugging Face model folder (no config.json); "
-                "point it at a saved model or set it to null for the embedded tiny model"
-            )
-    return with_config_overrides(folder, model.config_overrides, cache_dir) if model.config_overrides else folder
-
-
-def merged(base: dict, overrides: dict) -> dict:
-    """`overrides` laid over `base`, nested sections key by key ({"rope_parameters": {"rope_theta": x}})."""
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def with_config_overrides(folder: Path, overrides: dict, cache_dir: str | Path) -> Path:
-    """A copy of a model folder with `overrides` laid over its config.json; the other files are
-    symbolic links, so the weights are not copied."""
-    folder = folder.resolve()
-    key = hashlib.sha256(json.dumps({"folder": str(folder), "overrides": overrides}, sort_keys=True).encode())
-
-    def build(staging: Path) -> None:
-        staging.mkdir(parents=True)
-        for item in folder.iterdir():
-            if item.name != "config.json":
-                (staging / item.name).symlink_to(item)
-        config = json.loads((folder / "config.json").read_text())
-        (staging / "config.json").write_text(json.dumps(merged(config, overrides), indent=2))
-
-    return build_once(Path(cache_dir) / "models" / f"{folder.name}-config-{key.hexdigest()[:12]}", build)
-
-
-def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a HF folder; the tokenizer pads on the left for generation."""
-    transformers.utils.logging.disable_progress_bar()  # one bar per weight load floods the logs
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model, tokenizer

