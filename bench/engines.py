@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from trainables.config import TrialConfig
 from trainables.data.models import resolve_model_path
-from trainables.data.tasks import encode_prompt, train_problems
+from trainables.tasks import encode_prompt, train_problems
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 
 

@@ -79,7 +79,7 @@ def measure_speed(spec: dict) -> dict:
     import torch
 
     from trainables.config import DecodingConfig
-    from trainables.data.tasks import encode_prompt, train_problems
+    from trainables.tasks import encode_prompt, train_problems
     from trainables.learner import build_train_batch
     from trainables.rollout.hf import HFEngine
 

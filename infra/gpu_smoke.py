@@ -73,7 +73,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
 
     from trainables.config import TrialConfig
     from trainables.data.arithmetic import make_splits
-    from trainables.data.tasks import encode_prompt
+    from trainables.tasks import encode_prompt
     from trainables.learner import Learner, process_group_backend
     from trainables.rollout.hf import HFEngine
     from trainables.rollout.weight_sync import free_port

@@ -38,7 +38,7 @@ from trainables.config import DecodingConfig, EADConfig, ModelConfig, PromptConf
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
 from trainables.data.models import MODEL_PRESETS, resolve_model_path
 from trainables.data.prompts import TEMPLATES
-from trainables.data.tasks import encode_prompt, load_benchmarks
+from trainables.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)

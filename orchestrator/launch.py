@@ -16,7 +16,7 @@ from orchestrator.console import console
 from orchestrator.spec import SpecError
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
-from trainables.data.tasks import load_offline_store, train_problems
+from trainables.tasks import load_offline_store, train_problems
 from trainables.rewards.verify import score_batch
 
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`

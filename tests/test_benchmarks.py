@@ -16,7 +16,7 @@ from trainables.data.benchmarks import (
     BenchmarkProblem,
     load_benchmark,
 )
-from trainables.data.tasks import builtin_validation, load_task
+from trainables.tasks import builtin_validation, load_task
 
 
 def write_parquet(path, rows):

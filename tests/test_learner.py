@@ -7,7 +7,7 @@ import torch
 
 from trainables.config import TrialConfig
 from trainables.data.arithmetic import make_splits
-from trainables.data.tasks import encode_prompt
+from trainables.tasks import encode_prompt
 from trainables.learner import build_train_batch, last_token_index
 from trainables.rollout.hf import HFEngine
 from trainables.rollout.types import RolloutBatch, SamplingSpec

@@ -289,7 +289,7 @@ def test_max_tokens_must_be_positive():
 
 def test_offline_prompts_task_trains_on_the_teachers_questions(tmp_path):
     from trainables.config import TrialConfig
-    from trainables.data.tasks import train_problems
+    from trainables.tasks import train_problems
 
     path = write_jsonl(tmp_path / "teachers.jsonl", jsonl_records())
     cfg = TrialConfig.model_validate({

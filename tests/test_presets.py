@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainables.config import TrialConfig, ValidationConfig
-from trainables.data.tasks import used_teachers
+from trainables.tasks import used_teachers
 from trainables.evaluation import macro_row
 from trainables.rollout.ead import ead_decay, ead_temperature
 

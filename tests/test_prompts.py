@@ -12,7 +12,7 @@ from trainables.config import PromptConfig, TrialConfig
 from trainables.data.arithmetic import SYSTEM_PROMPT, Problem
 from trainables.data.offline import read_rows
 from trainables.data.prompts import OPENR1_SYSTEM_PROMPT, TEMPLATES, chat_messages, strip_prefill
-from trainables.data.tasks import encode_prompt, train_problems
+from trainables.tasks import encode_prompt, train_problems
 from trainables.hybrid import teacher_response
 from trainables.rewards.verify import verify_response
 

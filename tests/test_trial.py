@@ -10,7 +10,7 @@ import pytest
 from orchestrator import train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import Tracker
-from trainables.data.tasks import builtin_validation
+from trainables.tasks import builtin_validation
 
 STEPS = 30
 # The warm-started base boxes its answer only about half the time (`model.tiny.sft_unboxed_rate`),

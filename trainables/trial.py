@@ -24,7 +24,7 @@ from ray.train.torch import get_device
 from trainables import calls, resume
 from trainables.config import VAL_STEP, PromptConfig, TrialConfig
 from trainables.data.arithmetic import Problem
-from trainables.data.tasks import encode_prompt, load_benchmarks, train_problems
+from trainables.tasks import encode_prompt, load_benchmarks, train_problems
 from trainables.data.offline import OfflineStore
 from trainables.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy

@@ -15,7 +15,7 @@ import numpy as np
 
 from trainables import calls
 from trainables.config import TrialConfig
-from trainables.data.tasks import encode_prompt
+from trainables.tasks import encode_prompt
 from trainables.evaluation import avg_at_k_se, macro_row, metric_key
 from trainables.ranks import from_rank0, gather
 from trainables.rollout.client import RolloutClient

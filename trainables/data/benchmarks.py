@@ -20,7 +20,7 @@ choice: the question lists the options as "A. ..." lines and the gold answer is 
 answerKey is a label ("C", or "3" in some rows) and becomes the letter of its position; GPQA's four
 answers are shuffled per question by an RNG seeded from (seed, uid). A uid is "<name>-<id>" where the
 dataset has an id column, else "<name>-<row index>". The built-in task's validation split is the
-benchmark "arithmetic" (`as_benchmark` of its problems; `trainables.data.tasks.builtin_validation`).
+benchmark "arithmetic" (`as_benchmark` of its problems; `trainables.tasks.builtin_validation`).
 
 Bad rows never raise: each is skipped and counted under a reason ("missing question", "wrong type
 answer", "bad choices", ...). Only an unusable file raises `BenchmarkError`, one line.

@@ -14,7 +14,6 @@ import math
 import random
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -25,8 +24,6 @@ from trainables.data.arithmetic import LEVELS, SYSTEM_PROMPT, TEACHERS, make_spl
 from trainables.data.cache import build_once
 from trainables.data.prompts import prompt_ids
 
-if TYPE_CHECKING:
-    from trainables.config import TinyModelConfig
 
 BOOTSTRAP_VERSION = 6  # bump when the recipe below changes, so stale caches are not reused
 EOS = "<|endoftext|>"
@@ -42,25 +39,25 @@ SFT_MAX_RESPONSE_TOKENS = 96
 _BOXED_ANSWER = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
-def cache_key(cfg: TinyModelConfig) -> str:
+def cache_key(cfg) -> str:  # cfg: the spec's model.tiny section (trainables.config.TinyModelConfig)
     blob = json.dumps({"cfg": cfg.model_dump(), "v": BOOTSTRAP_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def ensure_tiny_model(cfg: TinyModelConfig, cache_dir: str | Path) -> Path:
+def ensure_tiny_model(cfg, cache_dir: str | Path) -> Path:
     """Return the folder of the tiny model for cfg, building it once (safe across processes)."""
     return build_once(Path(cache_dir) / "models" / f"tiny-qwen2-{cache_key(cfg)}",
                       lambda staging: build_tiny_model(cfg, staging))
 
 
-def _corpus(cfg: TinyModelConfig, seed: int) -> list[str]:
+def _corpus(cfg, seed: int) -> list[str]:
     """Tokenizer corpus: prompts and teacher solutions of every level, so any level tokenises well."""
     problems, _ = make_splits(seed + 1, sorted(LEVELS), train_size=400, val_size=1)
     rows = teacher_dataset(problems, seed, wrong_rate=0.0, overlong_rate=0.0)
     return [SYSTEM_PROMPT] + [r["question"] for r in rows] + [r["solution"] for r in rows]
 
 
-def build_tokenizer(cfg: TinyModelConfig, seed: int) -> PreTrainedTokenizerFast:
+def build_tokenizer(cfg, seed: int) -> PreTrainedTokenizerFast:
     # Byte-level BPE with single digits, as Qwen and Llama do: arithmetic needs digit tokens.
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -79,7 +76,7 @@ def build_tokenizer(cfg: TinyModelConfig, seed: int) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+def build_model(cfg, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -107,7 +104,7 @@ class SFTStream:
     rates. Fresh draws make a habit (rambling on, a wrong last step) a rate the base learns, not a
     property of particular problems it memorises; RL then has a real habit to unlearn."""
 
-    def __init__(self, cfg: TinyModelConfig, tokenizer, seed: int):
+    def __init__(self, cfg, tokenizer, seed: int):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.problems, _ = make_splits(seed + 2, cfg.sft_levels, train_size=cfg.sft_examples, val_size=1)
         self.prompts = [prompt_ids(tokenizer, p) for p in self.problems]  # the builtin template
@@ -151,7 +148,7 @@ def sequence_mean_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return ((nll * counted).sum(1) / counted.sum(1).clamp(min=1)).mean()
 
 
-def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> None:
+def build_tiny_model(cfg, out_dir: Path) -> None:
     """Tokenizer, model, short supervised warm start (cosine lr), saved as a HF folder."""
     seed = cfg.seed
     tokenizer = build_tokenizer(cfg, seed)

