@@ -11,19 +11,21 @@ import json
 from pathlib import Path
 
 from trainables.config import TrialConfig
+from trainables.data.models import TINY_PRESET
+from trainables.data.pretrained import SMOLLM2_PRESET
 from trainables.memory import GB, GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
 
 PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's prompt allowance, by task
 # (LUFFY's max_prompt_length for real data; the built-in task's prompts are a few dozen tokens)
 PRESET_SHAPES = {  # the built-in presets' shapes (the tiny one comes from its spec section)
-    "smollm2-135m-instruct": ModelShape(576, 30, 1536, 9, 3, 49152, tied=True, attention_bias=False),
+    SMOLLM2_PRESET: ModelShape(576, 30, 1536, 9, 3, 49152, tied=True, attention_bias=False),
 }
 
 
 def model_shape(cfg: TrialConfig) -> tuple[ModelShape | None, str]:
     """(shape, where it came from), or (None, why not)."""
     if cfg.model.path is None:
-        if cfg.model.preset == "tiny":
+        if cfg.model.preset == TINY_PRESET:
             t = cfg.model.tiny
             return ModelShape(t.hidden_size, t.num_layers, t.intermediate_size, t.num_heads, t.num_kv_heads,
                               t.vocab_size, tied=True), "the tiny preset"

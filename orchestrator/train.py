@@ -29,13 +29,14 @@ from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
 from trainables.data.models import resolve_model_path
 from trainables.errors import stated
+from trainables.metrics import SUMMARY_NAMESPACES
 
 
 def summary_table(metrics: dict[str, float], title: str) -> Table:
     table = number_table(title, ["metric", "value"])
     for key in sorted(metrics):
         value = metrics[key]
-        if isinstance(value, (int, float)) and key.split("/")[0] in ("val", "rollout", "policy", "tis", "timing", "oger", "offline"):
+        if isinstance(value, (int, float)) and key.startswith(SUMMARY_NAMESPACES):
             table.add_row(key, f"{value:.4g}")
     return table
 

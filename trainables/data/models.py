@@ -29,9 +29,11 @@ def _smollm2(model, cache_dir: str | Path) -> Path:
     return ensure_smollm2(cache_dir)
 
 
+TINY_PRESET = "tiny"  # the embedded default, built from its spec section
+
 # Preset name -> (the model section, cache_dir) -> its folder, built once and cached.
 MODEL_PRESETS: dict[str, Callable[[Any, str | Path], Path]] = {
-    "tiny": _tiny,
+    TINY_PRESET: _tiny,
     SMOLLM2_PRESET: _smollm2,
 }
 

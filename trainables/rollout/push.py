@@ -25,7 +25,6 @@ from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, broadca
                                             gloo_group, ipc_handles, ipc_update_info, nccl_init_info, send_buckets,
                                             tensor_list)
 
-
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
 
 
