@@ -22,7 +22,7 @@ import torch
 from ray.train.torch import get_device
 
 from trainables import calls, resume
-from trainables.config import VAL_STEP, PromptConfig, TrialConfig
+from trainables.config import VAL_STEP, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.tasks import encode_prompt, load_benchmarks, train_problems
 from trainables.data.offline import OfflineStore
@@ -117,8 +117,8 @@ class Trial:
         return self.val_history[-1][1] if self.val_history else {}
 
     # -- stages ---------------------------------------------------------------------------------
-    def encode(self, problems: list[Problem], prompt: PromptConfig | None = None) -> list[list[int]]:
-        return [encode_prompt(self.tokenizer, p, prompt or self.cfg.prompt) for p in problems]
+    def encode(self, problems: list[Problem]) -> list[list[int]]:
+        return [encode_prompt(self.tokenizer, p, self.cfg.prompt) for p in problems]
 
     def score_texts(self, texts: list[str], golds: list[str]) -> tuple[torch.Tensor, dict[str, int]]:
         """Verifiable rewards [B] and reason counts of responses, from the trial's verifier actor; it
@@ -142,7 +142,7 @@ class Trial:
                 len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
             # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
             spec = cfg.rollout.decoding.sampling(cfg.rollout.max_new_tokens, step + 1,
-                                 seed=cfg.seed * 100_003 + step * 101 + self.rank)
+                                                 seed=cfg.seed * 100_003 + step * 101 + self.rank)
             with timed(t, "generate"):
                 rollouts = self.client.generate(self.encode(problems), cfg.rollout.group_size, spec)
                 self.client.release_gpus()

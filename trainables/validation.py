@@ -47,8 +47,8 @@ class Validation:
             per_call = max(1, VALIDATION_SEQUENCES_PER_CALL // k)
             # Every rank makes the same number of calls (generate is a collective round), sized by the largest share.
             for start in range(0, -(-len(problems) // self.world), per_call):
-                spec = v.decoding.sampling(self.cfg.rollout.max_new_tokens, steps_done,
-                                     seed=(self.cfg.seed * 7919 + 17 + self.rank) * 1009 + call)  # same at every validation
+                seed = (self.cfg.seed * 7919 + 17 + self.rank) * 1009 + call  # the same at every validation
+                spec = v.decoding.sampling(self.cfg.rollout.max_new_tokens, steps_done, seed=seed)
                 prompts = [encode_prompt(self.tokenizer, p, prompt) for p in shard[start : start + per_call]]
                 rollouts = self.client.generate(prompts, k, spec)
                 texts += [prompt.completion(text) for text in rollouts.texts]
