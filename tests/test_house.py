@@ -1,0 +1,84 @@
+"""The house's shape, read from the code's own imports: no import cycle, and the arrows point down
+(the trial's code never reaches into the orchestrator, the data modules never into the config, the
+formulas into no framework). Every import counts, lazy and type-only ones too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+PACKAGES = ("trainables", "orchestrator", "bench")
+PURE = ("trainables.losses", "trainables.advantages", "trainables.logprobs", "trainables.rewards.oger",
+        "trainables.rollout.ead", "trainables.hybrid", "trainables.step_metrics", "trainables.metrics",
+        "orchestrator.stats")
+FRAMEWORKS = ("ray", "deepspeed", "vllm", "mlflow", "optuna")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def imports(module: str) -> set[str]:
+    """Every module `module` imports (project modules by their full name, others by their top name)."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in MODULES}
+    return {name if name in MODULES else name.split(".")[0] for name in found} - {module}
+
+
+GRAPH = {module: {m for m in imports(module) if m in MODULES} for module in MODULES}
+
+
+def cycle() -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for other in sorted(GRAPH[module]):
+            if state.get(other) == 1:
+                return path[path.index(other):] + [other]
+            if other not in state and (found := visit(other)):
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    return next((found for module in sorted(GRAPH) if module not in state and (found := visit(module))), None)
+
+
+def test_the_project_has_modules_and_no_import_cycle():
+    assert len(MODULES) > 60 and "trainables.trial" in MODULES
+    assert cycle() is None, " -> ".join(cycle())
+
+
+@pytest.mark.parametrize("lower, upper", [
+    ("trainables", "orchestrator"),  # a trial's code runs inside Ray Train workers
+    ("trainables", "bench"),
+    ("trainables.data", "trainables.config"),  # data functions take plain arguments
+    ("trainables.data", "trainables.tasks"),
+    ("trainables.rewards", "trainables.config"),
+    ("trainables.rollout", "trainables.config"),
+    ("trainables.rollout", "trainables.trial"),
+])
+def test_arrows_point_down(lower, upper):
+    up = {(m, i) for m in MODULES if m.startswith(lower) for i in GRAPH[m] if i.startswith(upper)}
+    assert not up, up
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_formulas_import_no_framework(module):
+    assert not imports(module) & set(FRAMEWORKS), imports(module) & set(FRAMEWORKS)
