@@ -29,6 +29,21 @@ def trial_cfg(storage: Path, *overrides: str):
     return load_trial_spec("search_spaces/ead.yaml", [f"storage={storage}", *TRIAL, *overrides])
 
 
+_REFERENCE: dict[str, list[tuple[int, float]]] = {}
+
+
+def reference_history(tmp_path_factory) -> dict[str, list[tuple[int, float]]]:
+    """The uninterrupted trial's compared history, run once a session on whichever cluster is up first
+    (the multi-node one or the suite's): where its ranks and engine sit changes no number."""
+    if not _REFERENCE:
+        from orchestrator import train
+
+        storage = tmp_path_factory.mktemp("reference")
+        train.run(trial_cfg(storage))
+        _REFERENCE.update(history(storage))
+    return _REFERENCE
+
+
 def runs(storage: Path, kind: str = "trial") -> list:
     client = MlflowClient(default_tracking_uri(str(storage)))
     experiment = client.get_experiment_by_name("rlvr-explore")

@@ -17,8 +17,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from faults import TRIAL, committed, fault_metrics, history, logged_step, logged_steps, runs, sweep_spec, trial_cfg
-from orchestrator import train
+from faults import (TRIAL, committed, fault_metrics, history, logged_step, logged_steps, reference_history, runs,
+                    sweep_spec)
 from orchestrator.launch import check_shared_storage
 
 SPOT = ["learner.resources={spot: 1}", "rollout.resources={spot: 1}"]  # two ranks and one engine per node
@@ -83,9 +83,7 @@ def finish(driver: subprocess.Popen) -> str:
 
 @pytest.fixture(scope="module")
 def reference(cluster, tmp_path_factory) -> dict:
-    storage = tmp_path_factory.mktemp("reference")
-    train.run(trial_cfg(storage, *SPOT))
-    return history(storage)
+    return reference_history(tmp_path_factory)
 
 
 @pytest.mark.slow

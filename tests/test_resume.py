@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, history, logged_step, logged_steps,
-                    runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
+                    reference_history, runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
 from orchestrator import train
 from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
@@ -31,9 +31,7 @@ from trainables.checkpoint import (checkpoint_problem, manifest_file, read_rank_
 
 @pytest.fixture(scope="module")
 def reference(ray_cluster, tiny_model_path, tmp_path_factory) -> dict:
-    storage = tmp_path_factory.mktemp("reference")
-    train.run(trial_cfg(storage))
-    return history(storage)
+    return reference_history(tmp_path_factory)
 
 
 def test_manifest_finds_missing_truncated_and_altered_parts(tmp_path):
