@@ -45,9 +45,8 @@ def install_sigterm_notice() -> None:
     def on_sigterm(signum, frame) -> None:
         if TERMINATING.is_set() or not TRAINING.is_set():
             return ray_handler(signum, frame) if callable(ray_handler) else signal.default_int_handler(signum, frame)
-        TERMINATING.set()
-        print(f"SIGTERM to learner process {ray.get_runtime_context().get_worker_id()[:8]}: the trial "
-              f"checkpoints at its next step boundary", flush=True)
+        TERMINATING.set()  # said at the step boundary, with the checkpoint: Ray's own stop of a trial
+        # (a pruned one) also sends SIGTERM, then ends the process before that boundary
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
