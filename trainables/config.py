@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat
 
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
-from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN
+from trainables.data.benchmarks import BUILTIN, BenchmarkError, check_name
 from trainables.data.models import MODEL_PRESETS, TINY_PRESET
 from trainables.data.prompts import TEMPLATES
 from trainables.losses import AGGREGATIONS, TIS_LEVELS
@@ -389,9 +389,10 @@ class ValidationConfig(Section):
         for name, path in self.benchmarks.items():
             if name == BUILTIN and path:
                 raise ValueError(f"benchmarks.{BUILTIN} is built in and takes no file (got {path!r})")
-            if name not in BENCHMARK_NAMES:
-                raise ValueError(f"benchmarks: unknown benchmark {name!r}; known: {BUILTIN}, "
-                                 f"{', '.join(BENCHMARK_NAMES)}")
+            try:
+                check_name(name)
+            except BenchmarkError as e:  # its message lists the known names
+                raise ValueError(f"benchmarks: {e}") from None
             if name != BUILTIN and not path:
                 raise ValueError(f"benchmarks.{name} needs its file (Parquet, JSONL or CSV in its public layout)")
         unknown = sorted(set(self.samples_by_benchmark) - set(self.benchmarks))
