@@ -12,7 +12,10 @@ noise), checked against its target, printed as one table and written as JSON:
   trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
            wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios;
   learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
-           response token over one fp32 logits row at V = 151,936, and update tokens/s.
+           response token over one fp32 logits row at V = 151,936, and update tokens/s;
+  decisions the sweep's decision procedure on simulated configurations of known truth (bench/decisions.py):
+           error rates, the chance the truly best is pruned or confirmed, and the compute spent, old
+           procedure beside new; `python -m bench decisions` runs this section alone.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
 full run takes about 7 minutes on 2 cores. docs/performance.md explains the cost model.
@@ -31,7 +34,7 @@ from pathlib import Path
 from orchestrator.console import console, number_table
 from orchestrator.tracking import tags_filter
 
-SECTIONS = ("sweep", "engines", "trials", "learner")
+SECTIONS = ("sweep", "engines", "trials", "learner", "decisions")
 ALGORITHMS = ("grpo", "luffy", "oger")
 # row -> (direction, target); None: reported, no target
 TARGETS: dict[str, tuple[str, float] | None] = {
@@ -56,7 +59,26 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "learner memory per response token / fp32 logits row (V = 151,936)": ("<=", 0.25),
     "learner memory per response token / fp32 logits row, full-logits pass": None,
     "learner update tokens/s, chunked / full-logits pass": (">=", 0.95),
+    "decisions: P(false better/worse), all equal, new": ("<=", 0.05),
+    "decisions: P(false better/worse), all equal, old": None,
+    "decisions: P(truly best pruned), 1 SD better, new": ("<=", 0.10),
+    "decisions: P(truly best pruned), 1 SD better, old": None,
+    "decisions: P(truly best confirmed better), 2 SDs, new up to 10 pairs": (">=", 0.8),
+    "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": None,
+    "decisions: P(truly best confirmed better), 2 SDs, old": None,
+    "decisions: trial-steps new / old, 2 SDs": None,
 }
+
+
+def cpu_model() -> str:
+    """The CPU's model name and its widest vector instruction set: another CPU gives other floating
+    point, and so other draws."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.processor() or platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    isa = next((isa for isa in ("avx512f", "avx2", "avx", "sse4_2") if isa in flags), platform.machine())
+    return f"{name} ({isa.upper().replace('512F', '-512')})"
 
 
 def verdict(row: str, value: float | str) -> str:
@@ -148,6 +170,37 @@ def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
             "learner update tokens/s, chunked / full-logits pass": figures["speed"]["chunked_over_full"]}, figures
 
 
+def decision_rows(quick: bool) -> tuple[dict, dict]:
+    from bench.decisions import NEW, PROCEDURES, decision_figures, tune_figures
+
+    figures = decision_figures(quick)
+    console.print(f"[bold]decisions[/bold]: {figures['sweeps']} simulated sweeps per scenario and procedure, "
+                  f"seed SD {figures['seed_sd']}")
+    table = number_table("decisions: the sweep's procedure on configurations of known truth",
+                         ["scenario", "procedure", "P(false better/worse)", "P(best confirmed)", "P(best pruned)",
+                          "trial-steps"])
+    for scenario, procs in figures["scenarios"].items():
+        for proc, r in procs.items():
+            table.add_row(scenario, proc, f"{r['false_verdict']:.3f}", f"{r['best_confirmed']:.3f}",
+                          f"{r['best_pruned']:.3f}", f"{r['trial_steps']:.0f}")
+    console.print(table)
+    figures["tune"] = tune_figures(2 if quick else 10)
+    console.print(f"through Ray Tune and Optuna ({figures['tune']['sweeps']} sweeps, the new procedure, a "
+                  f"configuration with x > 0.5 better by 2 SDs): P(a better one confirmed) "
+                  f"{figures['tune']['better_confirmed']:.2f}, P(false verdict) {figures['tune']['false_verdict']:.2f}, "
+                  f"{figures['tune']['trial_steps']:.0f} trial-steps a sweep", highlight=False)
+    sc, old, wide = figures["scenarios"], next(iter(PROCEDURES)), list(PROCEDURES)[2]
+    two = sc["one better by 2 SDs"]
+    return {"decisions: P(false better/worse), all equal, new": sc["all equal"][NEW]["false_verdict"],
+            "decisions: P(false better/worse), all equal, old": sc["all equal"][old]["false_verdict"],
+            "decisions: P(truly best pruned), 1 SD better, new": sc["one better by 1 SD"][NEW]["best_pruned"],
+            "decisions: P(truly best pruned), 1 SD better, old": sc["one better by 1 SD"][old]["best_pruned"],
+            "decisions: P(truly best confirmed better), 2 SDs, new up to 10 pairs": two[wide]["best_confirmed"],
+            "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": two[NEW]["best_confirmed"],
+            "decisions: P(truly best confirmed better), 2 SDs, old": two[old]["best_confirmed"],
+            "decisions: trial-steps new / old, 2 SDs": two[NEW]["trial_steps"] / two[old]["trial_steps"]}, figures
+
+
 def print_table(rows: dict, title: str) -> None:
     table = number_table(title, ["row", "value", "target", "verdict"])
     for row in TARGETS:
@@ -185,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a spec field of the trials and engines, as in orchestrator.train")
     args = parser.parse_args(argv)
     sections = args.only.split(",")
+    if args.spec in SECTIONS:  # `python -m bench decisions`: one section, on the default spec
+        sections, args.spec = [args.spec], parser.get_default("spec")
     if unknown := set(sections) - set(SECTIONS):
         parser.error(f"--only: unknown section(s) {sorted(unknown)}; expected some of {SECTIONS}")
     steps = args.steps or (5 if args.quick else 12)
@@ -211,10 +266,12 @@ def main(argv: list[str] | None = None) -> int:
             found, details["engines"] = engine_rows(cfg, args.quick)
         elif section == "learner":
             found, details["learner"] = learner_rows(cfg, args.quick)
+        elif section == "decisions":
+            found, details["decisions"] = decision_rows(args.quick)
         else:
             found, details["trials"] = trial_rows(args.spec, storage / "trials", steps, args.overrides)
         rows.update(found)
-    machine = f"{platform.node()}, {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}"
+    machine = f"{cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     title = f"python -m bench{' --quick' if args.quick else ''} {args.spec}, seed {cfg.seed}, {machine}"
     if "trials" in details:
         print_phases(details["trials"]["algorithms"])

@@ -25,7 +25,7 @@ from orchestrator.launch import check_shared_storage, init_ray, load_offline, lo
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
 from orchestrator.spec import SpecError
-from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, verdict
+from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, seeds_range, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.models import resolve_model_path
@@ -200,7 +200,8 @@ def make_trainable(base: dict, exp: Experiment, metric: str, seeds: int, arms: d
         model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
         tracker = Tracker(tracking["uri"], cfgs[0].logging.experiment)
         shown = {"arm": sampled["arm"]} if arms is not None else short_params(sampled)
-        tags = {"kind": "trial", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id, **shown}
+        tags = {"kind": "trial", "stage": "study" if arms is not None else "select", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id,
+                **shown}
         run_ids = [tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
                                            tags={**tags, "seed": str(cfg.seed)}, run_name=run_name(shown, cfg.seed))
                    for cfg in cfgs]
@@ -391,25 +392,31 @@ class Comparison:
     diff: Interval
     verdict: str
     seeds_needed: int | None
+    span: tuple[int, int] | None = None  # seeds_needed at the ends of the effect's 95% interval
 
     def line(self, reference: str = "the baseline", label: str = "best - baseline") -> str:
-        return describe(self.diff, self.verdict, self.seeds_needed, reference, label)
+        return describe(self.diff, self.verdict, self.seeds_needed, reference, label, self.span)
 
 
 def compare(a: ConfigSummary, b: ConfigSummary, mode: str) -> Comparison | None:
-    """a - b, seed by seed; None when either has no objective on every seed."""
+    """a - b, seed by seed; None when either has no objective on every seed, or the two come from
+    different steps (a configuration stopped early against one that ran on)."""
     n = min(len(a.values), len(b.values))
-    if not n:
+    if not n or a.steps != b.steps:
         return None
     se = math.sqrt(a.se**2 + b.se**2) if n == 1 and a.se is not None and b.se is not None else None
     diff = paired_difference(a.values[:n], b.values[:n], se)
     diffs = [x - y for x, y in zip(a.values[:n], b.values[:n])]
-    return Comparison(diff, verdict(diff, mode), seeds_needed(diffs) if diff.source == "seeds" else None)
+    seeds = diff.source == "seeds"
+    return Comparison(diff, verdict(diff, mode), seeds_needed(diffs) if seeds else None,
+                      seeds_range(diffs) if seeds else None)
 
 
 def pooled_seed_sd(summaries: list[ConfigSummary]) -> float | None:
-    """The seed-to-seed standard deviation of the objective, pooled over configurations with >= 2 seeds."""
-    groups = [s.values for s in summaries if len(s.values) > 1]
+    """The seed-to-seed standard deviation of the objective, pooled over the configurations with >= 2
+    seeds that reached the last step any reached (values of one step only)."""
+    last = max((s.steps for s in summaries if s.values), default=0)
+    groups = [s.values for s in summaries if len(s.values) > 1 and s.steps == last]
     if not groups:
         return None
     squares = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups)

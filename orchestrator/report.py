@@ -59,7 +59,8 @@ def find_runs(client: MlflowClient, experiment: str, folder: Path) -> tuple[obje
     runs = client.search_runs([found.experiment_id], max_results=10_000)
     sweep = [r for r in runs if r.data.tags.get("kind") == "sweep" and r.data.tags.get("sweep") == folder.name]
     if (folder / "tune").is_dir() and sweep:
-        trials = [r for r in runs if r.data.tags.get("kind") == "trial" and r.data.tags.get("sweep") == folder.name]
+        trials = [r for r in runs if r.data.tags.get("kind") == "trial" and r.data.tags.get("sweep") == folder.name
+                  and r.data.tags.get("stage") != "confirm"]  # the search's runs; the confirmation's verdict is the parent's
         return sweep[0], sorted(trials, key=lambda r: r.info.start_time), folder.name
     trial = [r for r in runs if r.data.tags.get("run_path") == str(folder)]
     if not trial:

@@ -42,12 +42,14 @@ def seed_name(config_id: str, seed: int) -> str:
     return f"{config_id}_seed{seed}"
 
 
-def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int) -> list[TrialConfig]:
-    """The configuration's R trials: seed = the spec's seed + r, the task's problems at the spec's seed."""
+def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int | list[int]) -> list[TrialConfig]:
+    """The configuration's trials: seed = the spec's seed + r for r in range(seeds) (or the offsets
+    given), the task's problems at the spec's seed."""
     first = TrialConfig.model_validate(apply_overrides(base, overrides))
+    offsets = range(seeds) if isinstance(seeds, int) else seeds
     return [TrialConfig.model_validate(apply_overrides(base, {
         **overrides, "seed": first.seed + r, "task.seed": first.task_seed, "storage": storage,
-        "name": seed_name(config_id, first.seed + r)})) for r in range(seeds)]
+        "name": seed_name(config_id, first.seed + r)})) for r in offsets]
 
 
 class SeedReport(UserCallback):

@@ -238,13 +238,47 @@ class Distribution(Section):
 
 
 class SchedulerConfig(Section):
-    name: Literal["asha", "none"] = Field("asha", description="Early stopping of weak trials.")
-    grace_period: PositiveInt = Field(10, description="ASHA: RL steps before a trial can be stopped.")
-    reduction_factor: float = Field(2.0, gt=1.0, description="ASHA: keep 1/reduction_factor at each rung.")
+    name: Literal["intervals", "asha", "none"] = Field(
+        "intervals", description="Early stopping of weak configurations: `intervals` stops one only when its upper "
+        "bound at a rung lies below the rung's best lower bound (seed SD pooled over the rung; "
+        "orchestrator.decisions.prune); `asha` is Ray's rung rule on the means (keep the top 1/reduction_factor).")
+    grace_period: PositiveInt = Field(10, description="RL steps before a configuration can be stopped (the first rung).")
+    reduction_factor: float = Field(2.0, gt=1.0, description="Rungs at grace_period x reduction_factor^k; ASHA keeps "
+                                    "1/reduction_factor at each.")
+    level: float = Field(0.95, gt=0.5, lt=1.0, description="`intervals`: the two-sided level of the bounds.")
+
+
+class SamplerConfig(Section):
+    name: Literal["tpe", "random"] = Field("tpe", description="Optuna's sampler: TPE, or random search.")
+    n_startup_trials: PositiveInt = Field(
+        2, description="TPE: trials (points_to_evaluate included) before it models; random until then. Optuna's "
+        "default of 10 would make a sweep of fewer configurations random search.")
+
+
+class ConfirmConfig(Section):
+    """Confirmation: the winner and the baseline on fresh seeds, a group-sequential paired test."""
+
+    seeds: PositiveInt = Field(3, description="Seed pairs at the first look.")
+    add: PositiveInt = Field(3, description="Seed pairs added at each further look.")
+    max_seeds: PositiveInt = Field(6, description="Seed pairs at the last look: inconclusive there if undecided.")
+    margin: PositiveFloat | None = Field(None, description="Equivalence margin in the objective's units (TOST): "
+                                         "`equivalent within +-margin`; none: no equivalence verdict.")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="Family-wise error of the sequential test, over all looks.")
+    spending: Literal["obrien-fleming", "pocock"] = Field(
+        "obrien-fleming", description="How alpha is spent over the looks (Lan-DeMets spending functions).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ConfirmConfig:
+        if self.max_seeds < self.seeds:
+            raise ValueError(f"max_seeds must be >= seeds (got {self.max_seeds} < {self.seeds})")
+        if self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2: one pair measures no seed spread (got {self.seeds})")
+        return self
 
 
 class SearchConfig(Section):
-    """The search over trial fields: Optuna's TPE proposes, ASHA stops early, MLflow records."""
+    """The search over trial fields: Optuna proposes, the scheduler stops early, the confirmation decides,
+    MLflow records."""
 
     space: dict[str, Distribution] = Field(description="Dotted trial field -> distribution.")
     metric: str = Field("val/accuracy", description="Objective, a reported trial metric.")
@@ -255,6 +289,10 @@ class SearchConfig(Section):
     max_concurrent_trials: int = Field(1, description="Trials running at once (each is a Ray Train group).")
     seed: Seed = Field(0, description="Seeds Optuna's TPE sampler.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    confirm: ConfirmConfig | None = Field(
+        None, description="After the search, the winner and the baseline on fresh seeds (none of the search's), "
+        "paired, looked at sequentially: the verdict comes from these runs only.")
     points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list,
                                                      description="Settings tried first (e.g. the papers').")
     final: dict[str, Any] = Field(
@@ -292,8 +330,15 @@ class SearchConfig(Section):
                 raise ValueError(f"metric {metric!r} is not a trial metric; use one of the names in README.md "
                                  f"(namespaces {', '.join(OBJECTIVE_NAMESPACES)})")
         if self.second_metric and self.scheduler.name != "none":
-            raise ValueError("a second objective needs scheduler.name: none (ASHA stops on one metric)")
+            raise ValueError("a second objective needs scheduler.name: none (a scheduler stops on one metric)")
+        if self.confirm and (self.second_metric or self.baseline is None):
+            raise ValueError("confirm needs one objective and a baseline (search.baseline or points_to_evaluate)")
         return self
+
+    @property
+    def all_seeds(self) -> int:
+        """Seeds the sweep trains per configuration at most: the search's, then the confirmation's."""
+        return self.seeds + (self.confirm.max_seeds if self.confirm else 0)
 
 
 def load_sweep_spec(path: str | Path, overrides: list[str] | None = None,

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from scipy import stats
 
+from orchestrator.decisions import effect_interval, seeds_for_effect
+
 LEVEL = 0.95
 POWER = 0.8
 MAX_SEEDS = 10_000  # "more than this" is reported as this: the difference is too small to chase
@@ -78,29 +80,37 @@ def paired_difference(a: Sequence[float], b: Sequence[float], se: float | None =
 
 
 def verdict(diff: Interval, mode: str = "max") -> str:
-    """better / worse (the interval excludes 0, in the objective's direction), else indistinguishable."""
-    if math.isnan(diff.low) or diff.low <= 0 <= diff.high:
-        return "indistinguishable"
+    """better / worse (the interval over seeds excludes 0, in the objective's direction), else
+    inconclusive. One seed measures no seed spread: inconclusive, whatever its validation error says."""
+    if diff.source != "seeds" or math.isnan(diff.low) or diff.low <= 0 <= diff.high:
+        return "inconclusive"
     above = diff.low > 0
     return "better" if above == (mode == "max") else "worse"
 
 
 def seeds_needed(diffs: Sequence[float], level: float = LEVEL, power: float = POWER) -> int | None:
-    """Seeds for a paired t-test at `level` to find the measured mean difference with `power`:
-    the least n with n ≥ ((t_{1-α/2,n-1} + t_{power,n-1}) · sd / |mean|)². None when it cannot be
-    estimated (fewer than two differences); MAX_SEEDS when the mean difference is zero or tiny."""
+    """Pairs for a paired t-test at `level` (two-sided) to find the measured mean difference with
+    `power`: the least n with √n · |mean| / sd >= t_{1-α/2,n-1} + t_{power,n-1}. Post-hoc: the measured
+    effect is itself uncertain (`seeds_range`). None when it cannot be estimated (fewer than two
+    differences); MAX_SEEDS when the mean difference is zero or tiny."""
     if len(diffs) < 2:
         return None
     mean, sd = sum(diffs) / len(diffs), stdev(diffs)
     if sd == 0:
         return len(diffs) if mean != 0 else MAX_SEEDS
-    if mean == 0:
-        return MAX_SEEDS
-    effect = abs(mean) / sd
-    for n in range(2, MAX_SEEDS):
-        if math.sqrt(n) * effect >= t_quantile(n, level) + float(stats.t.ppf(power, n - 1)):
-            return n
-    return MAX_SEEDS
+    return seeds_for_effect(mean / sd, 1 - level, power, MAX_SEEDS)
+
+
+def seeds_range(diffs: Sequence[float], level: float = LEVEL, power: float = POWER) -> tuple[int, int] | None:
+    """`seeds_needed` at the two ends of the standardized effect's 95% interval: (fewest, most);
+    MAX_SEEDS (unbounded) when the interval reaches 0."""
+    bounds = effect_interval(diffs)
+    if bounds is None:
+        return None
+    low, high = bounds
+    far = max(abs(low), abs(high))
+    near = 0.0 if low <= 0 <= high else min(abs(low), abs(high))
+    return seeds_for_effect(far, 1 - level, power, MAX_SEEDS), seeds_for_effect(near, 1 - level, power, MAX_SEEDS)
 
 
 def seeds_text(n: int | None) -> str:
@@ -116,13 +126,24 @@ def clustered_se(per_problem: Sequence[float]) -> float:
 
 
 def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the baseline",
-             label: str = "best - baseline") -> str:
-    """One line: the paired difference, its verdict, and the seeds a verdict would need."""
+             label: str = "best - baseline", span: tuple[int, int] | None = None) -> str:
+    """One line: the paired difference, its verdict, and (when inconclusive) the pairs a paired t-test
+    at α = 0.05, power 0.8 would need at the measured effect, with that estimate's own range."""
     line = f"{label} = {diff.format()}: "
-    if outcome != "indistinguishable":
+    if outcome == "equivalent":
+        return line + f"equivalent to {what}"
+    if outcome != "inconclusive":
         return line + f"{outcome} than {what}"
-    line += f"indistinguishable from {what} at {diff.n} seed{'s' * (diff.n != 1)}"
+    line += f"inconclusive at {diff.n} seed{'s' * (diff.n != 1)}"
+    if diff.source != "seeds":
+        return line + " (one seed measures no seed spread)"
     if seeds is not None:
-        line += (f"; the measured spread would need about {seeds} seeds to tell them apart" if seeds < MAX_SEEDS
-                 else "; the measured difference is too small to tell apart with any affordable number of seeds")
+        line += f"; {needed_text(seeds, span)}"
     return line
+
+
+def needed_text(seeds: int, span: tuple[int, int] | None) -> str:
+    """"about N pairs (α 0.05 two-sided, power 0.8; A to B within the effect's 95% interval)"."""
+    count = f"about {seeds}" if seeds < MAX_SEEDS else "more than any affordable number of"
+    within = "" if span is None else f"; {span[0]} to {'unbounded' if span[1] >= MAX_SEEDS else span[1]} within the effect's 95% interval"
+    return f"{count} seed pairs would give a paired t-test (alpha 0.05 two-sided) power 0.8 at the measured effect{within}"

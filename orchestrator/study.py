@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, ValidationError, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, field_validator
 
 from orchestrator import experiment
 from orchestrator.console import console
@@ -43,7 +43,9 @@ from orchestrator.spec import (
     read_yaml,
     validate_trial,
 )
-from orchestrator.stats import describe, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
+from orchestrator.decisions import family_verdicts
+from orchestrator.stats import (MAX_SEEDS, describe, paired_difference, seed_interval, seeds_needed, seeds_range,
+                               seeds_text, verdict)
 from orchestrator.tracking import tags_filter
 from trainables.config import TrialConfig
 from trainables.metrics import OBJECTIVE_NAMESPACES
@@ -59,8 +61,11 @@ class StudyConfig(Section):
     arms: dict[str, dict[str, Any]] = Field(description="Arm name -> dotted trial field overrides; the first arm "
                                             "is the reference the others are compared with.")
     seeds: PositiveInt = Field(3, description="Seeds per arm (the spec's seed + 0, 1, ...).")
-    metric: str = Field("val/accuracy", description="The objective: reported at the end, and against step.")
+    metric: str = Field("val/accuracy", description="The primary metric: reported at the end and against step; "
+                        "its verdicts over arms are Holm-adjusted. Every other metric is exploratory.")
     mode: Literal["max", "min"] = Field("max")
+    margin: PositiveFloat | None = Field(None, description="Equivalence margin on the primary metric (TOST, "
+                                         "Holm-adjusted): `equivalent within +-margin`; none: no equivalence verdict.")
     max_concurrent: PositiveInt = Field(1, description="Arms running at once (each runs its seeds side by side).")
 
     @field_validator("arms")
@@ -203,24 +208,31 @@ def interval_dict(interval) -> dict[str, float]:
     return {"mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high}
 
 
-def differences(arms: dict[str, dict], mode: str, metric: str) -> dict[str, dict[str, dict]]:
-    """Each arm's paired difference from the first arm, at the end, for every final value they share."""
+def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | None = None) -> dict[str, dict[str, dict]]:
+    """Each arm's paired difference from the first, at the end, for every final value they share. The
+    primary metric's verdicts are Holm-adjusted over the arms (`decisions.family_verdicts`); every other
+    metric's verdict is its own 95% interval's, labelled exploratory."""
     names = list(arms)
     first = arms[names[0]]
+    paired = {name: {key: (a["values"], first["final"][key]["values"]) for key, a in arms[name]["final"].items()
+                     if key in first["final"] and len(a["values"]) == len(first["final"][key]["values"])}
+              for name in names[1:]}
+    primary = family_verdicts({name: [x - y for x, y in zip(*pairs[metric])] for name, pairs in paired.items()
+                               if metric in pairs}, margin=margin, mode=mode)
     out: dict[str, dict[str, dict]] = {}
-    for name in names[1:]:
-        arm, rows = arms[name], {}
-        for key, a in arm["final"].items():
-            b = first["final"].get(key)
-            if b is None or len(a["values"]) != len(b["values"]):
-                continue
-            diff = paired_difference(a["values"], b["values"])
-            diffs = [x - y for x, y in zip(a["values"], b["values"])]
+    for name, pairs in paired.items():
+        rows = {}
+        for key, (a, b) in pairs.items():
+            diff, diffs = paired_difference(a, b), [x - y for x, y in zip(a, b)]
             direction = mode if key in (metric, area_key(metric)) or PASS_AT.fullmatch(key) else "max"
-            rows[key] = {**interval_dict(diff), "verdict": verdict(diff, direction),
-                         "seeds_needed": seeds_needed(diffs), "line": describe(diff, verdict(diff, direction),
-                                                                               seeds_needed(diffs), names[0],
-                                                                               f"{name} - {names[0]}")}
+            row = {**interval_dict(diff), "seeds_needed": seeds_needed(diffs), "seeds_range": seeds_range(diffs)}
+            if key == metric:
+                row.update(primary[name], role="primary")
+            else:
+                row.update(verdict=verdict(diff, direction), role="exploratory")
+            label = f"{name} - {names[0]}" + ("" if key == metric else f" ({key}, exploratory)")
+            row["line"] = describe(diff, row["verdict"], row["seeds_needed"], names[0], label, row["seeds_range"])
+            rows[key] = row
         out[name] = rows
     return out
 
@@ -235,7 +247,7 @@ def collect(exp, study: StudyConfig) -> dict[str, Any]:
     pooled = (sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in sds) / sum(len(v) - 1 for v in sds)) ** 0.5 \
         if sds else None
     return {"name": exp.name, "metric": study.metric, "mode": study.mode, "seeds": study.seeds, "arms": arms,
-            "differences": differences(arms, study.mode, study.metric),
+            "differences": differences(arms, study.mode, study.metric, study.margin), "margin": study.margin,
             "noise": {"seed_sd": pooled, "validation_se": sum(a["validation_se"] for a in arms.values()) / len(arms)}}
 
 
@@ -251,12 +263,27 @@ def markdown(result: dict[str, Any]) -> str:
         cells = [fmt(arm["final"].get(k)) for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     first = next(iter(arms))
-    lines += ["", f"## Paired differences from {first}", "", "| arm | metric | difference [95% CI] | verdict | "
-              "seeds needed |", "|---|---|---|---|---|"]
+    margin = result.get("margin")
+    lines += ["", f"## Paired differences from {first}", "",
+              f"Primary metric: {metric}; its verdicts are Holm-adjusted over the {len(arms) - 1} comparisons "
+              f"(family-wise alpha 0.05{f', equivalence by TOST within +-{margin:g}' if margin else ''}). Every other "
+              "metric is exploratory: its verdict is its own unadjusted 95% interval's. Seeds needed: pairs for a "
+              "paired t-test at alpha 0.05 (two-sided) with power 0.8 at the measured effect, and the range over "
+              "the effect's 95% interval (post hoc: a rough guide, not a promise).", "",
+              "| arm | metric | role | difference [95% CI] | p (Holm) | verdict | seeds needed [range] |",
+              "|---|---|---|---|---|---|---|"]
     for name, rows in result["differences"].items():
         for key, row in rows.items():
-            lines.append(f"| {name} | {key} | {fmt(row)} | {row['verdict']} | {seeds_text(row['seeds_needed'])} |")
+            p = f"{row['p_holm']:.3f}" if row.get("p_holm") == row.get("p_holm") and "p_holm" in row else "-"
+            lines.append(f"| {name} | {key} | {row['role']} | {fmt(row)} | {p} | {row['verdict']} | "
+                         f"{seeds_cell(row['seeds_needed'], row['seeds_range'])} |")
     return "\n".join(lines) + "\n"
+
+
+def seeds_cell(needed: int | None, span) -> str:
+    if needed is None:
+        return "-"
+    return seeds_text(needed) + (f" [{span[0]}, {'unbounded' if span[1] >= MAX_SEEDS else span[1]}]" if span else "")
 
 
 def fmt(row: dict | None) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -59,28 +60,49 @@ def objectives(search: SearchConfig) -> tuple[str | list[str], str | list[str]]:
     return search.metric, search.mode
 
 
-def make_searcher(search: SearchConfig, exp: Experiment):
+def make_sampler(search: SearchConfig):
+    """The sampler the README names is the one that proposes: TPE after `n_startup_trials` (random until
+    then, as Optuna's TPE is), multivariate over the searched fields, with a constant liar when
+    configurations run at once; or random search."""
+    import warnings
+
+    import optuna
+
+    if search.sampler.name == "random":
+        return optuna.samplers.RandomSampler(seed=search.seed)
+    with warnings.catch_warnings():  # multivariate and constant_liar are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.sampler.n_startup_trials,
+                                          multivariate=True, constant_liar=search.max_concurrent_trials > 1)
+
+
+def make_searcher(search: SearchConfig, study_file: Path, name: str, tracking: dict | None = None):
     import optuna
 
     from orchestrator.searcher import StepOptunaSearch
 
     space, _ = optuna_space(search)
     metric, mode = objectives(search)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{exp.folder / experiment.STUDY_FILE}")
-    tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
-    return StepOptunaSearch(space, metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=search.seed),
-                            study_name=exp.name, storage=storage, tracking=tracking,
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study_file}")
+    return StepOptunaSearch(space, metric=metric, mode=mode, sampler=make_sampler(search), study_name=name,
+                            storage=storage, tracking=tracking,
                             points_to_evaluate=[p for p in search.points_to_evaluate if p] or None)
 
 
 def make_scheduler(search: SearchConfig, steps: int):
-    """ASHA on RL steps; its metric and mode come from the TuneConfig (which records them for Tune's tools)."""
+    """The spec's early stopping on RL steps; its metric and mode come from the TuneConfig (which
+    records them for Tune's tools)."""
     if search.scheduler.name == "none":
         return None
+    sched = search.scheduler
+    if sched.name == "intervals":
+        from orchestrator.scheduler import IntervalRungs, rungs
+
+        return IntervalRungs(rungs(min(sched.grace_period, steps), sched.reduction_factor, steps), sched.level)
     from ray.tune.schedulers import ASHAScheduler
 
-    return ASHAScheduler(time_attr="progress/step", max_t=steps, grace_period=min(search.scheduler.grace_period, steps),
-                         reduction_factor=search.scheduler.reduction_factor)
+    return ASHAScheduler(time_attr="progress/step", max_t=steps, grace_period=min(sched.grace_period, steps),
+                         reduction_factor=sched.reduction_factor)
 
 
 def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], trial_id: str, storage: str) -> TrialConfig:
@@ -127,8 +149,7 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
     space, _ = optuna_space(search)
     console.print(derived_numbers(TrialConfig.model_validate(base), search), soft_wrap=True)
     console.print(f"space: {', '.join(space) or '(fixed only)'}; fixed: {fixed or '-'}")
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=search.seed),
-                                direction="maximize" if search.mode == "max" else "minimize")
+    study = optuna.create_study(sampler=make_sampler(search), direction="maximize" if search.mode == "max" else "minimize")
     for point in search.points_to_evaluate:
         study.enqueue_trial(point)
     for i in range(count):
@@ -151,7 +172,7 @@ def run(spec: str, args) -> int:
     exp = experiment.start("sweep", experiment.given(args.name, base_cfg.name),
                            experiment.given(args.storage, base_cfg.storage), base_cfg,
                            tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
-                           resume=args.resume, force=getattr(args, "force", False), seeds=search.seeds,
+                           resume=args.resume, force=getattr(args, "force", False), seeds=search.all_seeds,
                            cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
@@ -162,7 +183,9 @@ def run(spec: str, args) -> int:
         steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
     trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
     def tune_config():
-        return tune.TuneConfig(search_alg=make_searcher(search, exp), scheduler=make_scheduler(search, steps),
+        tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
+        return tune.TuneConfig(search_alg=make_searcher(search, exp.folder / experiment.STUDY_FILE, exp.name, tracking),
+                               scheduler=make_scheduler(search, steps),
                                metric=search.metric, mode=search.mode, num_samples=search.num_samples,
                                max_concurrent_trials=search.max_concurrent_trials)
 
@@ -184,8 +207,8 @@ def is_baseline(summary: ConfigSummary, baseline: dict[str, Any] | None) -> bool
 
 
 def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: dict) -> dict:
-    """Print the ranked configurations and the verdict against the baseline; write the best one's spec;
-    close the parent run with all of it."""
+    """Print the ranked configurations, the selection's estimate and, with `search.confirm`, the
+    confirmation's verdict; write the final model's spec; close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
     summaries = experiment.summarize(results, search.metric, keys)
     console.print(ranked_table(summaries, search, keys))
@@ -194,19 +217,23 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     if not scored:
         raise ExperimentFailed(f"no configuration reported {search.metric}; their errors are in {exp.uri}/tune")
     experiment.log_config_metrics(exp, summaries, search.metric)
-    # The best is chosen among configurations that ran to the end: ASHA's stopped ones were judged earlier.
+    # The best is chosen among configurations that ran to the end: stopped ones were judged earlier.
     finished = ranked([s for s in scored if s.state == "finished"] or scored, search)
     best = finished[0]
     lines, metrics, tags = verdict_against_baseline(summaries, finished, search)
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
-    # The final model's spec: the winner's settings, then the spec's `search.final` (longer, bigger).
-    cfg = trial_config(base, {**best.params, **search.final}, fixed, f"{exp.folder.name}-best",
+    final = best
+    if search.confirm is not None:
+        more, final = confirmation(exp, apply_overrides(base, fixed), summaries, finished, search, metrics, tags)
+        lines += more
+    # The final model's spec: the chosen settings, then the spec's `search.final` (longer, bigger).
+    cfg = trial_config(base, {**final.params, **search.final}, fixed, f"{exp.folder.name}-best",
                        base.get("storage", "runs"))
     path = exp.folder / BEST_SPEC
     path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
-    summary = {"trial_id": best.config_id, "metric": best.interval.mean, "params": best.params, "spec": str(path)}
+    summary = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
     table = experiment.markdown_table(summaries, search.metric, keys) + "\n" + "\n\n".join(lines) + "\n"
     exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},
                              metrics={"best/ci_low": best.interval.low, "best/ci_high": best.interval.high, **metrics},
@@ -216,9 +243,10 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
 
 def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[ConfigSummary],
                              search: SearchConfig) -> tuple[list[str], dict[str, float], dict[str, str]]:
-    """(lines to print, the parent run's metrics, its tags). The verdict is about the best configuration
-    other than the baseline: the baseline, when best, differs from itself by zero; the question is
-    whether the search found anything better than where it started."""
+    """(lines to print, the parent run's metrics, its tags): the selection's estimate. It is about the
+    best configuration other than the baseline (the baseline, when best, differs from itself by zero;
+    the question is whether the search found anything better than where it started), measured on the
+    seeds that chose it: biased upward, labelled so, and the verdict only when nothing confirms it."""
     best = finished[0]
     baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
     challenger = next((s for s in finished if s is not baseline), None)
@@ -227,17 +255,45 @@ def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[Conf
              + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())]
     result = experiment.compare(challenger, baseline, search.mode) if baseline and challenger else None
     if result is None:
-        lines.append("no verdict: no baseline (search.baseline, or points_to_evaluate) or no other configuration "
-                     "that ran to the end")
+        lines.append("no selection estimate: no baseline (search.baseline, or points_to_evaluate), no other "
+                     "configuration that ran to the end, or the two stopped at different steps")
         return lines, {}, {}
-    label = "best - baseline" if challenger is best else f"runner-up {challenger.config_id} - baseline"
-    lines.append(result.line(f"the baseline {baseline.config_id}", label))
-    metrics = {"best_minus_baseline/mean": result.diff.mean, "best_minus_baseline/ci_low": result.diff.low,
-               "best_minus_baseline/ci_high": result.diff.high}
+    label = "selected best - baseline" if challenger is best else f"selected runner-up {challenger.config_id} - baseline"
+    lines.append(result.line(f"the baseline {baseline.config_id}", label)
+                 + " (on the seeds that selected it: biased upward)")
+    metrics = {"select/best_minus_baseline/mean": result.diff.mean, "select/best_minus_baseline/ci_low": result.diff.low,
+               "select/best_minus_baseline/ci_high": result.diff.high}
     if result.seeds_needed is not None:
-        metrics["best_minus_baseline/seeds_needed"] = result.seeds_needed
-    return lines, metrics, {"verdict": result.verdict, "verdict_config": challenger.config_id,
+        metrics["select/best_minus_baseline/seeds_needed"] = result.seeds_needed
+    return lines, metrics, {"verdict": result.verdict, "verdict_stage": "select", "verdict_config": challenger.config_id,
                             "baseline": baseline.config_id}
+
+
+def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], finished: list[ConfigSummary],
+                 search: SearchConfig, metrics: dict, tags: dict) -> tuple[list[str], ConfigSummary]:
+    """The challenger against the baseline on fresh seeds (`orchestrator.confirm`): its lines, and the
+    configuration the final model trains (the challenger if confirmed better, else the baseline).
+    Updates the parent run's metrics and tags in place."""
+    from orchestrator import confirm
+
+    baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
+    challenger = next((s for s in finished if s is not baseline), None)
+    if baseline is None or challenger is None:
+        line = "no confirmation: the search has no baseline or no other configuration that ran to the end"
+        console.print(line, highlight=False)
+        return [line], baseline or finished[0]
+    result = confirm.run_confirmation(exp, base, challenger, baseline, search.confirm, search.metric, search.mode,
+                                      first_offset=search.seeds)
+    line = confirm.describe(result, search.confirm, search.metric)
+    chosen = challenger if result.look.verdict == "better" else baseline
+    stands = (f"the final model trains {challenger.config_id}, confirmed better" if chosen is challenger else
+              f"the baseline {baseline.config_id} stands: the final model trains it")
+    for text in (line, stands):
+        console.print(text, highlight=False, soft_wrap=True)
+    metrics.update(confirm.metrics(result))
+    tags.update({"verdict": result.look.verdict, "verdict_stage": "confirm", "verdict_config": challenger.config_id,
+                 "baseline": baseline.config_id, "final_config": chosen.config_id})
+    return [line, stands], chosen
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -281,7 +281,7 @@ class Tracker:
 
     @staticmethod
     def _config_filter(sweep: str, config: str) -> str:
-        return tags_filter(sweep=sweep, config=config)
+        return tags_filter(sweep=sweep, config=config) + " and tags.stage != 'confirm'"  # the search's runs
 
     def log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
         """The same metrics on every seed run of one configuration of a sweep or study."""

@@ -120,6 +120,10 @@ def best_of(sweep_dir: str, overrides: list[str], check_files: bool = True) -> T
     if not spec.is_file():
         raise SpecError(f"--best-of: no {BEST_SPEC} in {sweep_dir}; a sweep writes it when it finishes")
     name = Path(sweep_dir).resolve().name
+    for line in spec.read_text().splitlines():  # what the sweep decided, and how sure it is
+        if not line.startswith("# "):
+            break
+        console.print(line[2:], highlight=False, soft_wrap=True)
     return load_trial_spec(spec, [f"logging.register_as={name}-best", *overrides], check_files)
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from orchestrator.stats import MAX_SEEDS, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
+from orchestrator.stats import MAX_SEEDS, describe, paired_difference, seed_interval, seeds_needed, seeds_text, verdict
 from trainables.evaluation import avg_at_k_se
 
 
@@ -34,10 +34,10 @@ def test_one_seed_falls_back_on_the_validation_error_and_says_so():
     assert math.isnan(bare.low) and bare.format() == "0.300"
 
 
-def test_identical_arms_are_indistinguishable():
+def test_identical_arms_are_inconclusive():
     diff = paired_difference([0.3, 0.5, 0.4], [0.3, 0.5, 0.4])
     assert diff.mean == 0 and diff.low == 0 and diff.high == 0
-    assert verdict(diff) == "indistinguishable"
+    assert verdict(diff) == "inconclusive"
     assert seeds_needed([0.0, 0.0, 0.0]) == MAX_SEEDS
 
 
@@ -61,16 +61,19 @@ def test_pairing_removes_the_shared_seed_noise():
 def test_noisy_difference_asks_for_more_seeds():
     diffs = [0.05, -0.02, 0.04]  # mean 0.0233, sd 0.0379: effect 0.616
     diff = paired_difference([0.4 + d for d in diffs], [0.4] * 3)
-    assert verdict(diff) == "indistinguishable"
+    assert verdict(diff) == "inconclusive"
     # n with sqrt(n) * 0.616 >= t_{0.975, n-1} + t_{0.8, n-1}: 23 (22 falls just short)
     assert seeds_needed(diffs) == 23
     assert seeds_needed([0.05]) is None  # one difference: no spread to estimate
 
 
-def test_one_seed_difference_uses_the_given_standard_error():
+def test_one_seed_difference_gives_an_interval_but_no_verdict():
+    """One seed measures no seed spread: its interval is the validation's error only, and a verdict on it
+    would say better or worse far more often than 5% under the null, so there is none."""
     diff = paired_difference([0.50], [0.40], se=0.02)
-    assert diff.source == "validation" and verdict(diff) == "better"
-    assert verdict(paired_difference([0.50], [0.48], se=0.02)) == "indistinguishable"
+    assert diff.source == "validation" and diff.low == pytest.approx(0.1 - 1.959964 * 0.02, abs=1e-6)
+    assert verdict(diff) == "inconclusive"
+    assert "one seed measures no seed spread" in describe(diff, verdict(diff), None)
     with pytest.raises(ValueError, match="pair them seed by seed"):
         paired_difference([0.5, 0.4], [0.4])
 
@@ -84,3 +87,16 @@ def test_validation_standard_error_clusters_by_problem():
 
 def test_seeds_text_says_when_no_affordable_count_would_do():
     assert [seeds_text(n) for n in (None, 13, MAX_SEEDS)] == ["-", "13", f">= {MAX_SEEDS}"]
+
+
+def test_seeds_needed_comes_with_its_range_and_its_test():
+    """Post-hoc power from 3 differences: the standardized effect's 95% interval is wide, and so is the
+    range of seeds it implies; a range that reaches 0 effect is unbounded."""
+    from orchestrator.stats import seeds_range
+
+    diffs = [0.05, -0.02, 0.04]
+    low, high = seeds_range(diffs)
+    assert low <= seeds_needed(diffs) and high == MAX_SEEDS
+    line = describe(paired_difference([0.4 + d for d in diffs], [0.4] * 3), "inconclusive", seeds_needed(diffs),
+                    span=(low, high))
+    assert "alpha 0.05 two-sided" in line and "power 0.8" in line and "to unbounded" in line

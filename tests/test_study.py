@@ -108,3 +108,31 @@ def test_two_arms_two_seeds_match_their_mlflow_runs(ray_cluster, tiny_model_path
     (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     assert parent.data.tags["experiment_kind"] == "study" and parent.data.tags["state"] == "finished"
     assert "study.json" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
+
+
+def test_primary_verdicts_are_holm_adjusted_and_the_rest_exploratory():
+    """Two arms against the first, each with a paired p-value under 0.05 alone (0.035 and 0.049): Holm's
+    first step doubles the smaller (0.07), so neither claim survives the family; entropy, a secondary
+    metric, keeps its own interval's verdict and is labelled exploratory."""
+    from scipy import stats
+
+    from orchestrator.study import differences
+
+    def arm(acc, ent):
+        return {"final": {"val/accuracy": {"values": acc}, "policy/entropy": {"values": ent}}}
+
+    arms = {"a": arm([0.40, 0.42, 0.41], [0.10, 0.11, 0.12]), "b": arm([0.44, 0.45, 0.43], [0.20, 0.21, 0.22]),
+            "c": arm([0.445, 0.45, 0.43], [0.10, 0.11, 0.12])}
+    p_b = stats.ttest_1samp([0.04, 0.03, 0.02], 0).pvalue
+    p_c = stats.ttest_1samp([0.045, 0.03, 0.02], 0).pvalue
+    assert p_b < p_c < 0.05 < 2 * p_b
+    rows = differences(arms, "max", "val/accuracy")
+    assert rows["b"]["val/accuracy"]["p_holm"] == pytest.approx(2 * p_b)
+    assert rows["c"]["val/accuracy"]["p_holm"] == pytest.approx(2 * p_b)  # max(2 p_b, p_c): Holm is monotone
+    assert [rows[n]["val/accuracy"]["verdict"] for n in "bc"] == ["inconclusive", "inconclusive"]
+    assert rows["b"]["val/accuracy"]["ci_low"] > 0  # the unadjusted interval alone would have said "better"
+    assert {rows[n]["policy/entropy"]["role"] for n in "bc"} == {"exploratory"}
+    assert rows["b"]["policy/entropy"]["verdict"] == "better" and "exploratory" in rows["b"]["policy/entropy"]["line"]
+    # With a margin of 0.1, TOST's p-values (0.003, 0.006) pass Holm: equivalent within +-0.1.
+    with_margin = differences(arms, "max", "val/accuracy", margin=0.1)
+    assert [with_margin[n]["val/accuracy"]["verdict"] for n in "bc"] == ["equivalent", "equivalent"]

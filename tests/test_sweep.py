@@ -133,7 +133,9 @@ def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
 # A spec built so that ASHA must stop a configuration: lr 0.05 wrecks the policy within two steps, far
 # below the first configuration's validation accuracy at the first rung. Two seeds each; the baseline
 # is the first point (lr 0.0001). The third point repeats it: trials are deterministic, so it matches the
-# baseline at every rung (ASHA keeps it) and the verdict must find their paired difference exactly 0.
+# baseline at every rung (ASHA keeps it) and the selection must find their paired difference exactly 0;
+# the confirmation trains the two again on fresh seeds (2 and 3), where they are equal again: their
+# differences are exactly 0, equivalent within the margin at the first look.
 ASHA_SEARCH = f"""
 search:
   metric: val/arithmetic/pass_at_2
@@ -146,6 +148,7 @@ search:
     learner.lr: {{choice: [0.0001, 0.05]}}
     learner.steps: {{value: {STEPS}}}
   final: {{learner.steps: 2, validation.every: 0}}
+  confirm: {{seeds: 2, add: 1, max_seeds: 3, margin: 0.05}}
 """
 
 
@@ -165,7 +168,7 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
     runs = tracker.client.search_runs([tracker.experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
-    trials = [r for r in runs if r.data.tags.get("kind") == "trial"]
+    trials = [r for r in runs if r.data.tags.get("kind") == "trial" and r.data.tags["stage"] == "select"]
     assert len(trials) == 6  # 3 configurations x 2 seeds, each its own nested run
     configs: dict[str, list] = {}
     for run in trials:
@@ -181,15 +184,28 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     states = sorted(r.data.tags["state"] for r in trials)
     assert "pruned" in states and "finished" in states, states
 
-    # The verdict: the best configuration other than the baseline, paired seed by seed with it.
+    # The selection's estimate: the best configuration other than the baseline, paired seed by seed with it.
     tags, metrics = parent.data.tags, parent.data.metrics
-    assert tags["verdict"] == "indistinguishable" and tags["verdict_config"] != tags["baseline"]
+    assert tags["verdict_config"] != tags["baseline"]
     final = {c: [r.data.metrics["val/arithmetic/pass_at_2"] for r in sorted(runs, key=lambda r: r.data.params["seed"])]
              for c, runs in configs.items()}
     diffs = [a - b for a, b in zip(final[tags["verdict_config"]], final[tags["baseline"]])]
-    assert metrics["best_minus_baseline/mean"] == pytest.approx(sum(diffs) / 2) == 0
-    assert metrics["best_minus_baseline/ci_low"] <= metrics["best_minus_baseline/mean"] <= metrics["best_minus_baseline/ci_high"]
-    assert (tags["verdict"] == "indistinguishable") == (metrics["best_minus_baseline/ci_low"] <= 0 <= metrics["best_minus_baseline/ci_high"])
+    assert metrics["select/best_minus_baseline/mean"] == pytest.approx(sum(diffs) / 2) == 0
+    assert metrics["select/best_minus_baseline/ci_low"] <= 0 <= metrics["select/best_minus_baseline/ci_high"]
+
+    # The verdict comes from the confirmation: both again on seeds no selection run used, paired.
+    confirm = [r for r in runs if r.data.tags.get("stage") == "confirm"]
+    assert sorted((r.data.tags["config"], r.data.params["seed"]) for r in confirm) == sorted(
+        (c, s) for c in (tags["verdict_config"], tags["baseline"]) for s in ("2", "3"))
+    assert {r.data.tags["state"] for r in confirm} == {"finished"} and all(
+        r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in confirm)
+    fresh = {c: [r.data.metrics["val/arithmetic/pass_at_2"] for r in sorted(confirm, key=lambda r: r.data.params["seed"])
+                 if r.data.tags["config"] == c] for c in (tags["verdict_config"], tags["baseline"])}
+    fresh_diffs = [a - b for a, b in zip(fresh[tags["verdict_config"]], fresh[tags["baseline"]])]
+    assert fresh_diffs == [0.0, 0.0] and metrics["confirm/seeds"] == 2  # decided at the first look
+    assert metrics["confirm/best_minus_baseline/mean"] == metrics["confirm/best_minus_baseline/ci_low"] == 0
+    assert tags["verdict"] == "equivalent" and tags["verdict_stage"] == "confirm"
+    assert tags["final_config"] == tags["baseline"]  # not confirmed better: the baseline stands
     assert "configurations.md" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
     # A pruned trial dies before its own clean-up: the driver removed its engines' placement group.
     left = [g.name for g in list_placement_groups(detail=True, limit=10_000)
@@ -203,7 +219,10 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     best_spec = finished_sweep / "asha" / sweep.BEST_SPEC
     best = load_trial_spec(best_spec)  # valid input to orchestrator.train
     assert best.learner.lr == 0.0001 and best.learner.steps == 2  # the winner's lr, then search.final
-    assert "best configuration" in best_spec.read_text().splitlines()[0]  # its comment says how sure it is
+    header = best_spec.read_text().splitlines()
+    assert "best configuration" in header[0] and "biased upward" in header[1]  # how sure the selection is
+    assert "confirmed on fresh seeds" in header[2] and "equivalent to the baseline within +-0.05" in header[2]
+    assert "the baseline" in header[3] and "stands" in header[3]
 
 
 @pytest.mark.slow
@@ -228,7 +247,7 @@ def test_mlflow_optuna_and_tune_agree_on_every_trial(finished_sweep):
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert experiment.artifact_location == (finished_sweep / "mlartifacts").as_uri()
-    runs = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.data.tags.get("kind") == "trial"]
+    runs = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.data.tags.get("stage") == "select"]
     study = optuna.load_study(study_name="asha", storage=f"sqlite:///{finished_sweep / 'asha' / 'optuna.db'}")
     assert study.metric_names == ["val/arithmetic/pass_at_2"]
     optuna_trials = {t.user_attrs["tune_trial_id"]: t for t in study.trials}
@@ -266,7 +285,7 @@ def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port
     with urllib.request.urlopen(request) as r:
         runs = json.load(r)["runs"]
     kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
-    assert kinds == ["sweep", *["trial"] * 6]
+    assert kinds == ["sweep", *["trial"] * 10]  # 3 configurations x 2 seeds, and 2 x 2 confirmation runs
 
 
 @pytest.mark.slow
@@ -351,3 +370,32 @@ def test_with_a_bucket_the_study_is_where_a_resume_elsewhere_finds_it(tmp_path):
     fetch_study(there, bucket)  # there already has one: kept
     assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{there / 'optuna.db'}").trials) == 1
     fetch_study(tmp_path / "empty", "file:///nonexistent/bucket")  # nothing to fetch: nothing happens
+
+
+def test_the_named_sampler_is_the_one_that_proposes():
+    """The default sweep's 4 configurations: TPE models from the third (n_startup_trials 2), where
+    Optuna's default of 10 would leave all four to random search; `random` says so."""
+    _, search, _ = load_sweep_spec("search_spaces/ead.yaml", check_files=False)
+    sampler = sweep.make_sampler(search)
+    assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._n_startup_trials == 2 < search.num_samples
+    search.sampler.name = "random"
+    assert isinstance(sweep.make_sampler(search), optuna.samplers.RandomSampler)
+
+
+@pytest.mark.parametrize("confirm, expected", [
+    ("{seeds: 3, max_seeds: 2}", "max_seeds must be >= seeds"),
+    ("{seeds: 1}", "one pair measures no seed spread"),
+    ("{seeds: 3, margin: -0.1}", "search: confirm.margin: Input should be greater than 0"),
+])
+def test_bad_confirmation_is_one_line(tmp_path, confirm, expected):
+    spec = spec_with(tmp_path, f"search: {{confirm: {confirm}, points_to_evaluate: [{{learner.lr: 0.001}}], "
+                               f"space: {{learner.lr: {{uniform: [0.0001, 0.01]}}}}}}\n")
+    with pytest.raises(SpecError) as info:
+        load_sweep_spec(spec)
+    assert len(str(info.value).splitlines()) == 1 and expected in str(info.value), str(info.value)
+
+
+def test_confirmation_needs_a_baseline(tmp_path):
+    spec = spec_with(tmp_path, "search: {confirm: {seeds: 3}, space: {learner.lr: {uniform: [0.0001, 0.01]}}}\n")
+    with pytest.raises(SpecError, match="confirm needs one objective and a baseline"):
+        load_sweep_spec(spec)

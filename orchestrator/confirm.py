@@ -1,0 +1,92 @@
+"""The confirmation stage of a sweep: the search's winner and its baseline trained again on fresh seeds
+that no search run used, paired seed by seed, look by look (`decisions.confirm`), each seed its own Ray
+Train run and MLflow run (tags `stage` = confirm, `config`, `seed`) under the sweep's parent run.
+
+A killed or SIGTERM'd driver loses nothing: `--resume` walks the same looks again, and every seed run
+continues from its checkpoint (a finished one reports its final metrics at once), so it reaches the
+same values and the same verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from orchestrator import experiment
+from orchestrator.console import console, short_params
+from orchestrator.decisions import Confirmation, confirm, looks
+from orchestrator.experiment import RUNNING, ConfigSummary, Experiment, ExperimentFailed
+from orchestrator.launch import load_offline
+from orchestrator.seeds import SeedGroup, seed_configs
+from orchestrator.spec import ConfirmConfig, apply_overrides
+from orchestrator.tracking import Tracker
+from trainables.data.models import resolve_model_path
+
+STAGE = "confirm"
+
+
+def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int], metric: str) -> list[float]:
+    """One arm's values of `metric` at its last step, on the seeds spec seed + offsets (fresh runs)."""
+    cfgs = seed_configs(base, arm.params, arm.config_id, f"{exp.uri}/{STAGE}", offsets)
+    model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
+    tracker = Tracker(exp.tracking_uri, cfgs[0].logging.experiment)
+    shown = short_params(arm.params)
+    tags = {"kind": "trial", "stage": STAGE, "sweep": exp.name, "config": arm.config_id, **shown}
+    run_ids = [tracker.start_trial_run(cfg, parent_run_id=exp.parent, resume=True, tags={**tags, "seed": str(cfg.seed)},
+                                       run_name=f"confirm {experiment.run_name(shown, cfg.seed)}") for cfg in cfgs]
+    store = load_offline(cfgs[0], model_path)
+    results = SeedGroup(cfgs, metric, lambda report: None).run(
+        model_path, [{"uri": exp.tracking_uri, "run_id": r} for r in run_ids], store, exp.stop.uri)
+    if any((r.metrics or {}).get("progress/preempted") for r in results):
+        for run_id in run_ids:
+            tracker.finish(run_id, "stopped")
+        exp.stop.acknowledge(STAGE)  # the driver exits for a --resume once it sees this
+        while True:
+            time.sleep(60)
+    for run_id in run_ids:
+        tracker.finish(run_id, "finished")
+    values = [(r.metrics or {}).get(metric) for r in results]
+    if any(v is None for v in values):
+        raise ExperimentFailed(f"confirmation of {arm.config_id}: a seed reported no {metric}")
+    return [float(v) for v in values]
+
+
+def run_confirmation(exp: Experiment, base: dict, winner: ConfigSummary, baseline: ConfigSummary,
+                     confirm_cfg: ConfirmConfig, metric: str, mode: str, first_offset: int) -> Confirmation:
+    """Winner and baseline on the seeds spec seed + first_offset, + 1, ...: looks until one decides."""
+    counts = looks(confirm_cfg.seeds, confirm_cfg.add, confirm_cfg.max_seeds)
+    console.print(f"confirmation: {winner.config_id} against the baseline {baseline.config_id} on fresh seeds "
+                  f"(offsets from {first_offset}), looks at {counts} pairs", highlight=False, soft_wrap=True)
+
+    def train(offsets: list[int]) -> tuple[list[float], list[float]]:
+        RUNNING.add(STAGE)  # SIGTERM waits for these seeds to checkpoint, as for a trial
+        try:
+            pair = tuple(train_arm(exp, base, arm, offsets, metric) for arm in (winner, baseline))
+        finally:
+            RUNNING.discard(STAGE)
+        console.print(f"confirmation seeds {offsets}: {winner.config_id} "
+                      + " ".join(f"{v:.3f}" for v in pair[0]) + f"; baseline " + " ".join(f"{v:.3f}" for v in pair[1]),
+                      highlight=False, soft_wrap=True)
+        return pair
+
+    return confirm(train, first_offset, counts, confirm_cfg.alpha, confirm_cfg.margin, mode, confirm_cfg.spending)
+
+
+def describe(result: Confirmation, cfg: ConfirmConfig, metric: str) -> str:
+    """One line: the confirmed difference, its verdict, and the sequential rule's error bound."""
+    look, n = result.look, len(result.diffs)
+    level = 1 - look.alpha
+    outcome = {"better": "better than the baseline", "worse": "worse than the baseline",
+               "equivalent": f"equivalent to the baseline within +-{cfg.margin:g}" if cfg.margin else "equivalent",
+               "inconclusive": f"inconclusive at {n} seed pairs"}[look.verdict]
+    interval = f"{look.mean:+.3f} [{look.low:+.3f}, {look.high:+.3f}]"
+    return (f"confirmed on fresh seeds: winner - baseline ({metric}) = {interval} ({level:.2%} interval, this look's "
+            f"share of alpha): {outcome}; sequential rule: looks at {result.counts} pairs, {cfg.spending} alpha "
+            f"spending, P(a false verdict) <= {cfg.alpha:g} over all looks")
+
+
+def metrics(result: Confirmation) -> dict[str, Any]:
+    look = result.look
+    return {"confirm/best_minus_baseline/mean": look.mean, "confirm/best_minus_baseline/ci_low": look.low,
+            "confirm/best_minus_baseline/ci_high": look.high, "confirm/seeds": len(result.seeds),
+            "confirm/alpha_at_look": look.alpha}
