@@ -153,7 +153,7 @@ def plot_temperatures(trials, searched: list[str], path: Path) -> None:
         p = run.data.params
         decoding = DecodingConfig.model_validate(unflatten(p, "rollout.decoding."))
         positions = torch.arange(int(p.get("rollout.max_new_tokens", 64)))
-        last = int(run.data.metrics.get("progress/step", 1))  # where the trial stopped (ASHA)
+        last = int(run.data.metrics.get("progress/step", 1))  # where the trial stopped (the scheduler)
         for step, style in ((1, "-"), (last, "--")):
             ax.plot(positions, SCHEDULES[decoding.schedule](positions, step, **decoding.schedule_params()), style,
                     label=f"{label(run, searched)}, step {step}")

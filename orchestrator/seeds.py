@@ -1,8 +1,8 @@
 """One configuration, R seeds: the Tune trial of a sweep or a study.
 
 The configuration's seeds train side by side (one Ray Train run each, in threads of the Tune trial)
-and the trial reports their mean to Tune at each RL step once every seed has reached it: Optuna and
-ASHA compare configurations on means over the same seeds, never on one seed's luck (Tune's own
+and the trial reports their mean to Tune at each RL step once every seed has reached it: the searcher
+and the scheduler compare configurations on means over the same seeds, never on one seed's luck (Tune's own
 `Repeater` averages for the searcher only; a scheduler would see single seeds). Seed r is the spec's
 seed + r and moves the data order, the sampling and OGER's replacement draws; the task's problems stay
 at the spec's seed (`task.seed`), so every seed and every configuration is validated on the same

@@ -287,7 +287,7 @@ class SearchConfig(Section):
     second_mode: Literal["max", "min"] = Field("max")
     num_samples: PositiveInt = Field(4, description="Trials.")
     max_concurrent_trials: int = Field(1, description="Trials running at once (each is a Ray Train group).")
-    seed: Seed = Field(0, description="Seeds Optuna's TPE sampler.")
+    seed: Seed = Field(0, description="Seeds Optuna's sampler.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     confirm: ConfirmConfig | None = Field(
@@ -300,7 +300,7 @@ class SearchConfig(Section):
         "best trial's settings in best_trial.yaml (`train --best-of`): longer, more learner workers, GPUs.")
     seeds: PositiveInt = Field(
         1, description="Seeds per configuration (the spec's seed + 0, 1, ...), trained side by side in one Tune "
-        "trial: Optuna and ASHA see their mean; every number comes with a 95% interval over them.")
+        "trial: the searcher and the scheduler see their mean; every number comes with a 95% interval over them.")
     baseline: dict[str, Any] | None = Field(
         None, description="The configuration the best one is compared with (paired over the same seeds); "
         "default: the first of points_to_evaluate. Evaluated first.")

@@ -1,20 +1,24 @@
 """python -m orchestrator.sweep SPEC.yaml [--name N] [--storage PATH_OR_URI] [--num-samples K]
-[--max-concurrent C] [--set key.path=value ...] [--tracking-uri URI] [--dry-run] [--resume]
+[--max-concurrent C] [--seeds R] [--set key.path=value ...] [--tracking-uri URI] [--dry-run] [--resume]
 
-A Ray Tune experiment over the spec's `search:` space: Optuna's TPE proposes configurations (its
-study in sqlite beside the sweep, so its history outlives the driver), each configuration trains with
-`search.seeds` seeds side by side (one Ray Train run of the RL loop each, with its own rollout
-service), Optuna and ASHA see the mean over those seeds, and MLflow records one parent run for the
-sweep and one nested run per seed (param `seed`, tag `config`). At the end: every configuration's
-mean with its 95% interval, the validation's own standard error beside the seed spread, and the best
-configuration's paired difference from the baseline (`search.baseline`) with a verdict: better,
-worse, or indistinguishable at these seeds (and how many seeds the measured spread would need).
+A Ray Tune experiment over the spec's `search:` space in two stages. Selection: Optuna proposes
+configurations (TPE after `sampler.n_startup_trials`, its study in sqlite beside the sweep, so its
+history outlives the driver), each configuration trains with `search.seeds` seeds side by side (one Ray
+Train run of the RL loop each, with its own rollout service), the searcher and the scheduler see the
+mean over those seeds (`intervals`: stopped only when its interval lies below the rung's best), and
+MLflow records one parent run for the sweep and one nested run per seed (param `seed`, tags `config`,
+`stage`). At the end: every configuration's mean with its 95% interval, the validation's own standard
+error beside the seed spread, and the selection's estimate of best - baseline (`search.baseline`),
+labelled as biased upward. Confirmation (`search.confirm`): the best configuration other than the
+baseline and the baseline, trained again on fresh seeds, paired, looked at sequentially with alpha
+spent over the looks: better, worse, equivalent within +-margin, or inconclusive at R pairs.
 
 `--resume` (same spec, name and storage) continues a sweep whose driver died or was stopped:
 finished and errored trials stay as they are, every unfinished one continues from its latest
-checkpoint in its own MLflow run, and the Optuna study, the searcher and ASHA go on where they
-were. SIGTERM makes every running trial checkpoint at its next step boundary; the driver then
-exits with 75, ready for `--resume`.
+checkpoint in its own MLflow run, the Optuna study, the searcher and the scheduler go on where they
+were, and the confirmation walks its looks again (each seed run continues from its checkpoint).
+SIGTERM makes every running trial checkpoint at its next step boundary; the driver then exits with 75,
+ready for `--resume`.
 """
 
 from __future__ import annotations
@@ -180,7 +184,7 @@ def run(spec: str, args) -> int:
     search.max_concurrent_trials = gpu_bound_concurrency(base_cfg, search.max_concurrent_trials * search.seeds) // search.seeds or 1
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
-        steps = max(search.space["learner.steps"].candidates())  # ASHA's horizon: the longest trial
+        steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial
     trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
     def tune_config():
         tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}

@@ -65,3 +65,29 @@ def test_peak_memory_sees_a_grandchild_allocation():
     assert figures["exit_code"] == 0
     assert 0.29 < figures["peak_pss_gib"] <= figures["peak_rss_gib"] < 1.0
     assert figures["peak_pss_gib"] * GIB > 300 * 2**20
+
+
+def test_the_decisions_bench_drives_the_sweeps_own_schedulers():
+    """One simulated sweep of each procedure, with a configuration far below the rest (10 seed SDs) and
+    one far above: Ray's ASHA (old) and the interval rungs (new), both as `sweep.make_scheduler` builds
+    them, stop the weak one at its first rung and keep the strong one (an equal one may go too: it lies
+    below the strong one's interval); the new procedure confirms the strong one better on fresh seeds
+    and spends those seeds' steps."""
+    import numpy as np
+
+    from bench.decisions import FINAL, NEW, PROCEDURES, STEPS, World, one_sweep, search_config
+
+    sd = 0.04
+    means = [FINAL, FINAL - 10 * sd, FINAL + 10 * sd, FINAL]
+    for name, procedure in PROCEDURES.items():
+        search = search_config(procedure)
+        out = one_sweep(search, means, World(np.random.default_rng(0), sd))
+        assert 1 in out.pruned and 2 not in out.pruned and out.challenger == 2, name
+        assert out.verdict == "better", name
+        if search.confirm:  # the interval rungs' one rung is step 10; then 3 or 6 fresh pairs
+            kept = 4 - len(out.pruned)
+            confirmed = out.trial_steps - (kept * STEPS + 10 * len(out.pruned)) * search.seeds
+            assert confirmed in (3 * 2 * STEPS, 6 * 2 * STEPS), name
+        else:  # ASHA keeps the top half at each rung: it may stop an equal one too
+            assert out.trial_steps <= (3 * STEPS + 10) * search.seeds, name
+    assert search_config(PROCEDURES[NEW]).scheduler.name == "intervals"
