@@ -41,6 +41,9 @@ PROCEDURES = {
     "new: 2 seeds, interval rungs, confirmation on fresh seeds": {
         "seeds": 2, "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
         "confirm": {"seeds": 3, "add": 3, "max_seeds": 6}},
+    "new, Pocock-type spending": {
+        "seeds": 2, "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6, "spending": "pocock"}},
     "new, confirmation up to 10 pairs": {
         "seeds": 2, "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
         "confirm": {"seeds": 3, "add": 3, "max_seeds": 10}},

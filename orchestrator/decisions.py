@@ -17,16 +17,15 @@ Pure functions of plain numbers; the sweep, the study and `python -m bench decis
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy import optimize, stats
+from scipy import stats
+
+from orchestrator.stats import POWER, seed_interval
 
 ALPHA = 0.05
-POWER = 0.8
 SPENDING = ("obrien-fleming", "pocock")
 VERDICTS = ("better", "worse", "equivalent", "inconclusive")
 
@@ -54,14 +53,10 @@ def look_alphas(counts: Sequence[int], alpha: float = ALPHA, kind: str = "obrien
 
 
 def t_bounds(diffs: Sequence[float], alpha: float) -> tuple[float, float, float]:
-    """(mean, low, high): the two-sided 1 - α Student-t interval of the mean of paired differences."""
-    n = len(diffs)
-    mean = sum(diffs) / n
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    """(mean, low, high): the two-sided 1 - α Student-t interval of the mean of paired differences
+    (NaN bounds for one difference)."""
+    interval = seed_interval(diffs, level=1 - alpha)
+    return interval.mean, interval.low, interval.high
 
 
 def paired_verdict(diffs: Sequence[float], alpha: float = ALPHA, margin: float | None = None,
@@ -161,46 +156,6 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, p * (m - rank)))
         adjusted[i] = running
     return adjusted
-
-
-def effect_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
-    """The standardized effect δ = μ / σ of paired differences, its `level` interval by inverting the
-    noncentral t (the observed t = √n · mean / sd has noncentrality √n · δ). None below 2 differences."""
-    n = len(diffs)
-    if n < 2:
-        return None
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    if sd == 0:
-        return None
-    t_obs, df, root = math.sqrt(n) * mean / sd, n - 1, math.sqrt(n)
-
-    def cdf(d: float) -> float:  # P(T <= t_obs | δ = d); scipy's nct gives NaN far in a tail: 0 or 1 there
-        p = float(stats.nct.cdf(t_obs, df, d * root))
-        return p if not math.isnan(p) else float(d * root < t_obs)
-
-    def solve(q: float) -> float:  # δ with P(T <= t_obs | δ) = q: cdf falls as δ grows; widen until it brackets
-        centre, width = t_obs / root, 1.0
-        while not (cdf(centre - width) > q > cdf(centre + width)) and width < 1e3:
-            width *= 2
-        return optimize.brentq(lambda d: cdf(d) - q, centre - width, centre + width)
-
-    return solve(0.5 + level / 2), solve(0.5 - level / 2)
-
-
-def seeds_for_effect(effect: float, alpha: float = ALPHA, power: float = POWER, cap: int = 10_000) -> int:
-    """Pairs for a two-sided paired t-test at α to detect the standardized effect with `power`:
-    the least n with √n · |δ| >= t_{1-α/2, n-1} + t_{power, n-1}; `cap` when none below it."""
-    ns, needed = _power_thresholds(alpha, power, cap)
-    found = np.flatnonzero(np.sqrt(ns) * abs(effect) >= needed)
-    return int(ns[found[0]]) if found.size else cap
-
-
-@functools.lru_cache(maxsize=8)
-def _power_thresholds(alpha: float, power: float, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n = 2 .. cap - 1, t_{1-α/2, n-1} + t_{power, n-1}), computed once per (α, power, cap)."""
-    ns = np.arange(2, cap)
-    return ns, stats.t.ppf(1 - alpha / 2, ns - 1) + stats.t.ppf(power, ns - 1)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 from ray.tune import Callback
 
 from orchestrator.console import console, short_params
+from orchestrator.decisions import pooled_sd
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
 from orchestrator.lease import Lease, check_settings, release_all
 from orchestrator.launch import check_shared_storage, init_ray, load_offline, logical_cpus, storage_uri
@@ -416,11 +417,8 @@ def pooled_seed_sd(summaries: list[ConfigSummary]) -> float | None:
     """The seed-to-seed standard deviation of the objective, pooled over the configurations with >= 2
     seeds that reached the last step any reached (values of one step only)."""
     last = max((s.steps for s in summaries if s.values), default=0)
-    groups = [s.values for s in summaries if len(s.values) > 1 and s.steps == last]
-    if not groups:
-        return None
-    squares = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups)
-    return math.sqrt(squares / sum(len(g) - 1 for g in groups))
+    sd, df = pooled_sd([s.values for s in summaries if s.steps == last])
+    return sd if df else None
 
 
 def noise_line(summaries: list[ConfigSummary], metric: str) -> str:

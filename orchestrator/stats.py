@@ -10,13 +10,14 @@ differences, seed by seed (the same data order and validation problems on both s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats
+import numpy as np
+from scipy import optimize, stats
 
-from orchestrator.decisions import effect_interval, seeds_for_effect
 
 LEVEL = 0.95
 POWER = 0.8
@@ -147,3 +148,43 @@ def needed_text(seeds: int, span: tuple[int, int] | None) -> str:
     count = f"about {seeds}" if seeds < MAX_SEEDS else "more than any affordable number of"
     within = "" if span is None else f"; {span[0]} to {'unbounded' if span[1] >= MAX_SEEDS else span[1]} within the effect's 95% interval"
     return f"{count} seed pairs would give a paired t-test (alpha 0.05 two-sided) power 0.8 at the measured effect{within}"
+
+
+def effect_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The standardized effect δ = μ / σ of paired differences, its `level` interval by inverting the
+    noncentral t (the observed t = √n · mean / sd has noncentrality √n · δ). None below 2 differences."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    if sd == 0:
+        return None
+    t_obs, df, root = math.sqrt(n) * mean / sd, n - 1, math.sqrt(n)
+
+    def cdf(d: float) -> float:  # P(T <= t_obs | δ = d); scipy's nct gives NaN far in a tail: 0 or 1 there
+        p = float(stats.nct.cdf(t_obs, df, d * root))
+        return p if not math.isnan(p) else float(d * root < t_obs)
+
+    def solve(q: float) -> float:  # δ with P(T <= t_obs | δ) = q: cdf falls as δ grows; widen until it brackets
+        centre, width = t_obs / root, 1.0
+        while not (cdf(centre - width) > q > cdf(centre + width)) and width < 1e3:
+            width *= 2
+        return optimize.brentq(lambda d: cdf(d) - q, centre - width, centre + width)
+
+    return solve(0.5 + level / 2), solve(0.5 - level / 2)
+
+
+def seeds_for_effect(effect: float, alpha: float = 1 - LEVEL, power: float = POWER, cap: int = MAX_SEEDS) -> int:
+    """Pairs for a two-sided paired t-test at α to detect the standardized effect with `power`:
+    the least n with √n · |δ| >= t_{1-α/2, n-1} + t_{power, n-1}; `cap` when none below it."""
+    ns, needed = _power_thresholds(alpha, power, cap)
+    found = np.flatnonzero(np.sqrt(ns) * abs(effect) >= needed)
+    return int(ns[found[0]]) if found.size else cap
+
+
+@functools.lru_cache(maxsize=8)
+def _power_thresholds(alpha: float, power: float, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n = 2 .. cap - 1, t_{1-α/2, n-1} + t_{power, n-1}), computed once per (α, power, cap)."""
+    ns = np.arange(2, cap)
+    return ns, stats.t.ppf(1 - alpha / 2, ns - 1) + stats.t.ppf(power, ns - 1)

@@ -43,7 +43,7 @@ from orchestrator.spec import (
     read_yaml,
     validate_trial,
 )
-from orchestrator.decisions import family_verdicts
+from orchestrator.decisions import family_verdicts, pooled_sd
 from orchestrator.stats import (MAX_SEEDS, describe, paired_difference, seed_interval, seeds_needed, seeds_range,
                                seeds_text, verdict)
 from orchestrator.tracking import tags_filter
@@ -243,9 +243,8 @@ def collect(exp, study: StudyConfig) -> dict[str, Any]:
     arms = {name: {"overrides": study.arms[name], **arm_summary(exp.tracker.client, runs, study)}
             for name, runs in by_arm.items() if runs}
     finals = [arm["final"][study.metric]["values"] for arm in arms.values() if study.metric in arm["final"]]
-    sds = [v for v in finals if len(v) > 1]
-    pooled = (sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in sds) / sum(len(v) - 1 for v in sds)) ** 0.5 \
-        if sds else None
+    sd, df = pooled_sd(finals)
+    pooled = sd if df else None
     return {"name": exp.name, "metric": study.metric, "mode": study.mode, "seeds": study.seeds, "arms": arms,
             "differences": differences(arms, study.mode, study.metric, study.margin), "margin": study.margin,
             "noise": {"seed_sd": pooled, "validation_se": sum(a["validation_se"] for a in arms.values()) / len(arms)}}

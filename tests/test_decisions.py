@@ -9,6 +9,7 @@ import pytest
 from scipy import optimize, stats
 
 from orchestrator import decisions as d
+from orchestrator import stats as st
 from orchestrator.scheduler import IntervalRungs, rungs, seed_values
 
 Z975 = 1.959963984540054  # z_{0.975}, the textbook value
@@ -335,7 +336,7 @@ def test_prune_best_lower_bound_is_the_maximum_over_the_rung():
 
 def test_effect_interval_brackets_the_observed_effect():
     for diffs in ([0.1, 0.3, 0.2, 0.25], [-1.0, 0.5, -0.3], [2.0, 2.1, 1.9, 2.05, 1.95]):
-        low, high = d.effect_interval(diffs)
+        low, high = st.effect_interval(diffs)
         observed = (sum(diffs) / len(diffs)) / sample_sd(diffs)
         assert low < observed < high, (diffs, low, observed, high)
 
@@ -347,29 +348,29 @@ def test_effect_interval_matches_noncentral_t_inversion():
     def delta_at(q):  # P(T <= t_obs | noncentrality sqrt(n) * delta) = q
         return optimize.brentq(lambda x: stats.nct.cdf(t_obs, df, x * math.sqrt(n)) - q, -60.0, 60.0, xtol=1e-12)
 
-    low, high = d.effect_interval(diffs, 0.95)
+    low, high = st.effect_interval(diffs, 0.95)
     assert low == pytest.approx(delta_at(0.975), abs=1e-6)
     assert high == pytest.approx(delta_at(0.025), abs=1e-6)
     assert low < 0 < 1 < high  # three pairs cannot rule out no effect
-    narrower = d.effect_interval(diffs, 0.8)
+    narrower = st.effect_interval(diffs, 0.8)
     assert low < narrower[0] < narrower[1] < high
 
 
 def test_effect_interval_none_without_spread():
-    assert d.effect_interval([0.5]) is None
-    assert d.effect_interval([0.5, 0.5, 0.5]) is None
+    assert st.effect_interval([0.5]) is None
+    assert st.effect_interval([0.5, 0.5, 0.5]) is None
 
 
 def test_seeds_for_effect_zero_is_cap():
-    assert d.seeds_for_effect(0) == 10_000
-    assert d.seeds_for_effect(0.0, cap=50) == 50
+    assert st.seeds_for_effect(0) == 10_000
+    assert st.seeds_for_effect(0.0, cap=50) == 50
 
 
 def test_seeds_for_effect_larger_effects_need_fewer_seeds():
-    ns = [d.seeds_for_effect(e) for e in (0.3, 0.5, 1.0, 2.0)]
+    ns = [st.seeds_for_effect(e) for e in (0.3, 0.5, 1.0, 2.0)]
     assert all(a > b for a, b in zip(ns, ns[1:])), ns
-    assert d.seeds_for_effect(-1.0) == d.seeds_for_effect(1.0)
-    assert d.seeds_for_effect(0.01, cap=20) == 20
+    assert st.seeds_for_effect(-1.0) == st.seeds_for_effect(1.0)
+    assert st.seeds_for_effect(0.01, cap=20) == 20
 
 
 def test_seeds_for_effect_one_by_hand():
@@ -378,7 +379,7 @@ def test_seeds_for_effect_one_by_hand():
         n += 1
     # n = 9: 3.000 < 2.306 + 0.889; n = 10: 3.162 >= 2.262 + 0.883 = 3.145
     assert n == 10
-    assert d.seeds_for_effect(1.0, 0.05, 0.8) == n
+    assert st.seeds_for_effect(1.0, 0.05, 0.8) == n
 
 
 # --- scheduler: rungs, seed_values, IntervalRungs.decide -----------------------------------------
