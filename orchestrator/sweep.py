@@ -240,7 +240,7 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     summary = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
     table = experiment.markdown_table(summaries, search.metric, keys) + "\n" + "\n\n".join(lines) + "\n"
     exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},
-                             metrics={"best/ci_low": best.interval.low, "best/ci_high": best.interval.high, **metrics},
+                             metrics={"best/ci_low": final.interval.low, "best/ci_high": final.interval.high, **metrics},
                              tags=tags, tables={"configurations.md": table})
     return summary
 
