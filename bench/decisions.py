@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import types
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,10 +165,14 @@ def search_config(procedure: dict) -> SearchConfig:
 def decision_figures(quick: bool, sd: float = 0.04, seed: int = 0) -> dict:
     """Every scenario x procedure; the same simulated seeds' stream for both procedures."""
     sweeps = 200 if quick else 2000
+    from orchestrator.console import console
+
     out = {"sweeps": sweeps, "seed_sd": sd, "scenarios": {}}
     for name, means in scenarios(sd).items():
-        out["scenarios"][name] = {proc: rates(search_config(spec), means, sweeps, sd, seed)
-                                  for proc, spec in PROCEDURES.items()}
+        out["scenarios"][name] = {}
+        for proc, spec in PROCEDURES.items():
+            out["scenarios"][name][proc] = rates(search_config(spec), means, sweeps, sd, seed)
+            console.print(f"  {name}, {proc}: {sweeps} sweeps", highlight=False)
     return out
 
 
@@ -192,7 +197,7 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
 
     def trainable_for(rep: int):
         def trainable(config: dict) -> None:
-            trial = int(tune.get_context().get_trial_id().split("_")[-1])
+            trial = zlib.crc32(tune.get_context().get_trial_id().encode())
             world = World(np.random.default_rng([seed, rep, trial]), sd)
             for step, values in world.run(mean(config["x"]), search.seeds).items():
                 tune.report(report(values, step))

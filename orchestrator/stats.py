@@ -152,7 +152,8 @@ def needed_text(seeds: int, span: tuple[int, int] | None) -> str:
 
 def effect_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
     """The standardized effect δ = μ / σ of paired differences, its `level` interval by inverting the
-    noncentral t (the observed t = √n · mean / sd has noncentrality √n · δ). None below 2 differences."""
+    noncentral t (the observed t = √n · mean / sd has noncentrality √n · δ). None below 2 differences,
+    without spread, or where scipy's noncentral t cannot reach the tail (|t| in the hundreds)."""
     n = len(diffs)
     if n < 2:
         return None
@@ -168,11 +169,14 @@ def effect_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float,
 
     def solve(q: float) -> float:  # δ with P(T <= t_obs | δ) = q: cdf falls as δ grows; widen until it brackets
         centre, width = t_obs / root, 1.0
-        while not (cdf(centre - width) > q > cdf(centre + width)) and width < 1e3:
+        while not (cdf(centre - width) > q > cdf(centre + width)):
             width *= 2
+            if width > 1e3:  # scipy's nct loses the tail before it brackets: no interval to give
+                return math.nan
         return optimize.brentq(lambda d: cdf(d) - q, centre - width, centre + width)
 
-    return solve(0.5 + level / 2), solve(0.5 - level / 2)
+    bounds = solve(0.5 + level / 2), solve(0.5 - level / 2)
+    return None if any(math.isnan(b) for b in bounds) else bounds
 
 
 def seeds_for_effect(effect: float, alpha: float = 1 - LEVEL, power: float = POWER, cap: int = MAX_SEEDS) -> int:

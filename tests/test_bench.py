@@ -91,3 +91,15 @@ def test_the_decisions_bench_drives_the_sweeps_own_schedulers():
         else:  # ASHA keeps the top half at each rung: it may stop an equal one too
             assert out.trial_steps <= (3 * STEPS + 10) * search.seeds, name
     assert search_config(PROCEDURES[NEW]).scheduler.name == "intervals"
+
+
+def test_a_simulated_rate_passes_within_twice_its_monte_carlo_error():
+    from bench.__main__ import MC_SE
+
+    row = "decisions: P(false better/worse), all equal, new"
+    MC_SE[row] = 0.005
+    try:
+        assert verdict(row, 0.058) == "PASS" and verdict(row, 0.061) == "FAIL"
+    finally:
+        MC_SE.pop(row)
+    assert verdict(row, 0.051) == "FAIL"  # without its error, the target alone

@@ -100,3 +100,11 @@ def test_seeds_needed_comes_with_its_range_and_its_test():
     line = describe(paired_difference([0.4 + d for d in diffs], [0.4] * 3), "inconclusive", seeds_needed(diffs),
                     span=(low, high))
     assert "alpha 0.05 two-sided" in line and "power 0.8" in line and "to unbounded" in line
+
+
+def test_a_difference_too_steady_for_scipys_tails_gives_no_range_rather_than_an_error():
+    from orchestrator.stats import effect_interval, seeds_range
+
+    assert effect_interval([0.3, 0.30001]) is None and seeds_range([0.3, 0.30001]) is None  # t = 60,000, df 1
+    low, high = effect_interval([0.3, 0.31, 0.32])  # t = 52, df 2: still within reach
+    assert 0 < low < 31 < high
