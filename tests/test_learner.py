@@ -70,7 +70,9 @@ def test_chunked_passes_equal_the_full_logits_pass(rollouts, tiny_model_path, ch
     torch.testing.assert_close(results["chunked"][0], results["full"][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results["chunked"][1], results["full"][1], rtol=1e-5, atol=1e-5)
     for key, grad in results["full"][2].items():
-        torch.testing.assert_close(results["chunked"][2][key], grad, rtol=1e-4, atol=1e-5)  # summation order
+        # Summation order: chunks add a tensor's gradient in another order, an error of the tensor's
+        # scale, not of each element's (one element of 44,928 was 1.2e-5 off on an AMD EPYC, AVX2).
+        torch.testing.assert_close(results["chunked"][2][key], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()))
 
 
 def test_learner_at_the_rollout_temperature_is_on_policy(tiny_model_path):
