@@ -60,3 +60,29 @@ def test_entropy_graph_only_when_asked(case):
     assert not logp.requires_grad
     with pytest.raises(ValueError, match="entropy must be one of"):
         token_logprobs(head, hidden, targets, mask, entropy="full")
+
+
+def test_min_chunks_calls_the_head_as_often_as_the_busiest_rank():
+    """Under ZeRO-3 every call of the head is a collective: a rank with fewer response tokens pads its
+    calls with empty chunks, which change no output."""
+    import torch
+
+    from trainables.logprobs import token_logprobs
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 11)
+    calls = []
+
+    def head(h):
+        calls.append(h.shape[0])
+        return linear(h)
+
+    hidden, targets = torch.randn(2, 5, 8), torch.randint(0, 11, (2, 5))
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[0, :3] = mask[1, :2] = True  # 5 positions: 3 chunks of 2
+    plain = token_logprobs(head, hidden, targets, mask, chunk_tokens=2)
+    assert calls == [2, 2, 1]
+    calls.clear()
+    padded = token_logprobs(head, hidden, targets, mask, chunk_tokens=2, min_chunks=5)
+    assert calls == [2, 2, 1, 0, 0]
+    assert torch.equal(plain[0], padded[0]) and torch.equal(plain[1], padded[1])

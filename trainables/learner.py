@@ -136,7 +136,7 @@ def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16
 
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
                       temperature: torch.Tensor | None, *, chunk_tokens: int | None,
-                      entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+                      entropy: str, min_chunks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A causal LM's (log pi(y_t) [B, T], H_t [B, T]) for input_ids long[B, T + 1] at mask bool[B, T]: the
     decoder, then the head one chunk of positions at a time (`trainables.logprobs`), or with chunk_tokens
     None the straightforward pass, logits [B, T, V] in fp32. H is zeros for entropy "none"."""
@@ -144,7 +144,7 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                      use_cache=False).last_hidden_state[:, :-1]  # [B, T, H]
         logp, ent = token_logprobs(model.get_output_embeddings(), hidden, input_ids[:, 1:], mask, temperature,
-                                   chunk_tokens=chunk_tokens, entropy=entropy)
+                                   chunk_tokens=chunk_tokens, entropy=entropy, min_chunks=min_chunks)
         return logp, torch.zeros_like(logp) if ent is None else ent
     logits = type(model).forward(model, input_ids=input_ids, attention_mask=attention_mask,
                                  use_cache=False).logits[:, :-1].float()  # [B, T, V]
@@ -198,11 +198,23 @@ class Learner:
         cols = slice(0, width - 1)  # column j holds token j + 1
         temperature = None if batch.temperature is None else batch.temperature[:, cols].to(self.device)
         forward = model if model is self.engine else functools.partial(response_logprobs, model)
+        mask = batch.response_mask[:, cols]
         logp, ent = forward(batch.input_ids[:, :width].to(self.device), batch.attention_mask[:, :width].to(self.device),
-                            batch.response_mask[:, cols].to(self.device), temperature,
-                            chunk_tokens=self.cfg.learner.logits_chunk_tokens, entropy=entropy)
+                            mask.to(self.device), temperature, chunk_tokens=self.cfg.learner.logits_chunk_tokens,
+                            entropy=entropy, min_chunks=self._head_calls(mask, model))
         pad = (0, batch.response_mask.shape[1] - (width - 1))
         return F.pad(logp, pad), None if entropy == "none" else F.pad(ent, pad)
+
+    def _head_calls(self, mask: torch.Tensor, model) -> int:
+        """Chunks of the head to run: this rank's, or under ZeRO-3 the most any rank needs, since each
+        call of the partitioned head gathers its weights, a collective every rank must make as often
+        (ranks whose response lengths differ would otherwise wait on each other forever)."""
+        chunk = self.cfg.learner.logits_chunk_tokens
+        if chunk is None or model is not self.engine or self.cfg.learner.zero_stage != 3 or not dist.is_initialized():
+            return 0
+        count = torch.tensor([math.ceil(int(mask.sum()) / chunk)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count)
 
     def _micro_batches(self, batch: TrainBatch, rows: range) -> tuple[list[list[int]], tuple[int, int]]:
         """Row indices of each micro-batch over `rows`: `micro_batch_size` rows each, or grouped by

@@ -14,6 +14,8 @@ batch's), so the result is what the full fp32 computation gives, to float32 roun
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 
 import torch
@@ -41,13 +43,15 @@ def _chunk(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, t
 
 def token_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
                    mask: torch.Tensor, temperature: torch.Tensor | None = None, *, chunk_tokens: int = 1024,
-                   entropy: str = "value") -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy: str = "value", min_chunks: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t) = log softmax(head(h_t) / tau_t)[y_t] and H_t = -sum_v p_v log p_v at the masked positions.
 
     head: the LM head (hidden [n, H] -> logits [n, V]). hidden: [B, T, H], position t predicting
     targets[:, t] (long[B, T]). mask: bool[B, T], the positions wanted (elsewhere the outputs are 0).
     temperature: [B, T] or None (T = 1). chunk_tokens: positions per chunk, the only ones whose
-    vocabulary row exists at a time. entropy: one of ENTROPY_MODES.
+    vocabulary row exists at a time. entropy: one of ENTROPY_MODES. min_chunks: calls of `head` to make at
+    least, empty ones included (under ZeRO-3 each call gathers the head's weights, a collective that
+    every rank must make as often).
     Returns (logp [B, T], entropy [B, T] or None), float32. With gradients enabled each chunk is
     checkpointed (its logits recomputed in backward).
     """
@@ -60,7 +64,7 @@ def token_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.T
     tau = None if temperature is None else temperature[rows]  # [N]
     remat = torch.is_grad_enabled() and h.requires_grad
     logps, entropies = [], []
-    for start in range(0, h.shape[0], chunk_tokens):
+    for start in range(0, max(math.ceil(h.shape[0] / chunk_tokens), min_chunks) * chunk_tokens, chunk_tokens):
         part = slice(start, start + chunk_tokens)
         args = (head, h[part], y[part], None if tau is None else tau[part], entropy)
         logp, ent = checkpoint(_chunk, *args, use_reentrant=False) if remat else _chunk(*args)
