@@ -9,7 +9,6 @@ same values and the same verdict.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from orchestrator import experiment
@@ -41,12 +40,7 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
     store = load_offline(cfgs[0], model_path)
     results = SeedGroup(cfgs, metric, lambda report: None).run(
         model_path, [{"uri": exp.tracking_uri, "run_id": r} for r in run_ids], store, exp.stop.uri)
-    if any((r.metrics or {}).get("progress/preempted") for r in results):
-        for run_id in run_ids:
-            tracker.finish(run_id, "stopped")
-        exp.stop.acknowledge(STAGE)  # the driver exits for a --resume once it sees this
-        while True:
-            time.sleep(60)
+    experiment.hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
     for run_id in run_ids:
         tracker.finish(run_id, "finished")
     values = [(r.metrics or {}).get(metric) for r in results]

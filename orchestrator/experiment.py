@@ -212,16 +212,22 @@ def make_trainable(base: dict, exp: Experiment, metric: str, seeds: int, arms: d
                 tracker.log_offline_store(run_id, store)
         group = SeedGroup(cfgs, metric, tune.report)
         results = group.run(model_path, [{"uri": tracking["uri"], "run_id": r} for r in run_ids], store, stop.uri)
-        if any((r.metrics or {}).get("progress/preempted") for r in results):
-            # Checkpointed for a resume: tell the driver, and stay "running" so that Tune neither
-            # closes the trial nor starts another in its place before the driver exits.
-            for run_id in run_ids:
-                tracker.finish(run_id, "stopped")
-            stop.acknowledge(config_id)
-            while True:
-                time.sleep(60)
+        # Checkpointed for a resume: stay "running" so that Tune neither closes the trial nor starts
+        # another in its place before the driver exits.
+        hold_if_preempted(results, tracker, run_ids, stop, config_id)
 
     return trainable
+
+
+def hold_if_preempted(results: list, tracker: Tracker, run_ids: list, stop, name: str) -> None:
+    """When any seed checkpointed for a resume (SIGTERM): close its runs `stopped`, tell the driver
+    (`stop.acknowledge(name)`), and wait here until the driver exits; otherwise return at once."""
+    if any((r.metrics or {}).get("progress/preempted") for r in results):
+        for run_id in run_ids:
+            tracker.finish(run_id, "stopped")
+        stop.acknowledge(name)
+        while True:
+            time.sleep(60)
 
 
 class TrialStates(Callback):

@@ -210,6 +210,13 @@ def is_baseline(summary: ConfigSummary, baseline: dict[str, Any] | None) -> bool
     return baseline is not None and all(summary.params.get(k) == v for k, v in baseline.items())
 
 
+def baseline_and_challenger(summaries: list[ConfigSummary], finished: list[ConfigSummary],
+                            search: SearchConfig) -> tuple[ConfigSummary | None, ConfigSummary | None]:
+    """(the baseline, the best configuration other than it that ran to the end); None where missing."""
+    baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
+    return baseline, next((s for s in finished if s is not baseline), None)
+
+
 def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: dict) -> dict:
     """Print the ranked configurations, the selection's estimate and, with `search.confirm`, the
     confirmation's verdict; write the final model's spec; close the parent run with all of it."""
@@ -252,8 +259,7 @@ def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[Conf
     the question is whether the search found anything better than where it started), measured on the
     seeds that chose it: biased upward, labelled so, and the verdict only when nothing confirms it."""
     best = finished[0]
-    baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
-    challenger = next((s for s in finished if s is not baseline), None)
+    baseline, challenger = baseline_and_challenger(summaries, finished, search)
     lines = [f"best configuration {best.config_id}{' (the baseline)' if best is baseline else ''}: {search.metric} = "
              f"{best.interval.format()} over {len(best.values)} seed(s), with "
              + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())]
@@ -280,8 +286,7 @@ def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], fi
     Updates the parent run's metrics and tags in place."""
     from orchestrator import confirm
 
-    baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
-    challenger = next((s for s in finished if s is not baseline), None)
+    baseline, challenger = baseline_and_challenger(summaries, finished, search)
     if baseline is None or challenger is None:
         line = "no confirmation: the search has no baseline or no other configuration that ran to the end"
         console.print(line, highlight=False)
