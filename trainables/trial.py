@@ -36,6 +36,7 @@ from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
 from trainables.trial_log import TrialLog, startup_breakdown
 from trainables.validation import Validation
+from trainables.validation_cache import cached_base
 
 @contextmanager
 def timed(timings: dict[str, float], key: str):
@@ -244,8 +245,11 @@ class Trial:
         startup = startup_breakdown(self.started_at, self.startup_marks)
         every = cfg.validation.every
         if every and self.start_step == 0:
-            with timed(t := {}, "validate"):
-                self.val_history.append((0, self.validate(0)))  # the base policy, before any update
+            with timed(t := {}, "validate"):  # the base policy, before any update
+                base, reused = cached_base(self.validate, cfg, self.model_path, rank=self.rank, world=self.world)
+            self.val_history.append((0, base))
+            if reused:
+                self.record.say("validation of the base policy: reused from an identical earlier trial (cached)")
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
             self.record.log(-1, {**self.base_val, "timing/validate": t["validate"]})
         last_finite: dict[str, float] = {}
