@@ -9,11 +9,12 @@ one line per problem, naming the key path and what was expected::
 from __future__ import annotations
 
 import builtins
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator, model_validator
 
 from trainables.config import (
     AlgorithmConfig,
@@ -30,7 +31,7 @@ from trainables.config import (
     TrialConfig,
     ValidationConfig,
 )
-from trainables.metrics import OBJECTIVE_NAMESPACES
+from trainables.metrics import OBJECTIVE_NAMESPACES, unlogged
 from orchestrator.inputs import SpecError, check_trial_inputs
 from orchestrator.preflight import memory_report
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
@@ -136,22 +137,28 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def validate_trial(data: dict[str, Any], source: str, check_files: bool = True) -> TrialConfig:
     """The trial spec, checked; `check_files=False` leaves the data files to the run (a dry run on a
     machine without the cluster's volumes)."""
-    try:
-        trial = TrialConfig.model_validate(data)
+    try:  # strict: every value of the field's own type (no bool for an int, no 2.0 for 2, no "5" for 5)
+        trial = TrialConfig.model_validate(data, strict=True)
     except ValidationError as e:
         raise SpecError(format_validation_error(source, e)) from None
     check_metric(trial, trial.checkpoint.keep_best_by, f"{source}: checkpoint.keep_best_by")
+    check_future(trial.checkpoint.save_by, f"{source}: checkpoint.save_by")
     if check_files:
         check_benchmark_files(trial, source)
         check_trial_inputs(trial, source)
     return trial
 
 
+def check_future(moment: datetime | None, where: str) -> None:
+    """A deadline must lie ahead: compared in its own zone, or in local time when it has no offset."""
+    if moment is not None and moment <= datetime.now(moment.tzinfo):
+        raise SpecError(f"{where}: {moment.isoformat()} is in the past; give a time ahead of now")
+
+
 def check_metric(trial: TrialConfig, metric: str | None, where: str) -> None:
-    """A val/* metric must be one this trial's validation reports (the others depend on the data)."""
-    if metric and metric.startswith("val/") and metric not in (names := trial.validation.metric_names()):
-        raise SpecError(f"{where}: {metric} is not a validation metric of this spec; with "
-                        f"validation.samples={trial.validation.samples} they are {', '.join(names)}")
+    """A metric named to rank or keep trials must be one a trial of this spec logs."""
+    if metric and (why := unlogged(metric, trial)):
+        raise SpecError(f"{where}: {metric} is {why}")
 
 
 def check_benchmark_files(trial: TrialConfig, source: str) -> None:
@@ -205,6 +212,11 @@ class Distribution(Section):
     int: tuple[builtins.int, builtins.int] | None = None  # the key users write; the type is the builtin
     choice: list[Any] | None = None
     value: Any = None
+
+    @field_validator("uniform", "loguniform", "int", mode="before")
+    @classmethod
+    def _bounds(cls, value: Any) -> Any:  # YAML has lists, not tuples (also under a strict check)
+        return tuple(value) if isinstance(value, list) else value
 
     @model_validator(mode="after")
     def _one_kind(self) -> Distribution:
@@ -351,19 +363,19 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None,
         raise SpecError(f"{path}: search: missing; a sweep spec needs a search section (see search_spaces/ead.yaml)")
     trial = validate_trial(data, str(path), check_files)
     try:
-        search = SearchConfig.model_validate(raw_search)
+        search = SearchConfig.model_validate(raw_search, strict=True)
     except ValidationError as e:
         raise SpecError(format_validation_error(f"{path}: search", e)) from None
     for key, dist in search.space.items():
         for value in dist.candidates():
             try:
-                TrialConfig.model_validate(apply_overrides(data, {key: value}))
+                TrialConfig.model_validate(apply_overrides(data, {key: value}), strict=True)
             except (ValidationError, SpecError) as e:
                 first = format_validation_error("", e).splitlines()[0] if isinstance(e, ValidationError) else str(e)
                 raise SpecError(f"{path}: search.space.{key}: {value!r} does not make a valid trial "
                                 f"({first.removeprefix(': ')})") from None
     try:
-        TrialConfig.model_validate(apply_overrides(data, search.final))
+        TrialConfig.model_validate(apply_overrides(data, search.final), strict=True)
     except (ValidationError, SpecError) as e:
         first = format_validation_error("", e).splitlines()[0] if isinstance(e, ValidationError) else str(e)
         raise SpecError(f"{path}: search.final: does not make a valid trial ({first.removeprefix(': ')})") from None

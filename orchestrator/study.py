@@ -96,17 +96,17 @@ def load_study_spec(path: str | Path, overrides: list[str] | None = None,
     data.pop("search", None)
     trial = validate_trial(data, str(path), check_files)
     try:
-        study = StudyConfig.model_validate(raw)
+        study = StudyConfig.model_validate(raw, strict=True)
     except ValidationError as e:
         raise SpecError(format_validation_error(f"{path}: study", e)) from None
-    for name, arm in study.arms.items():
-        try:
-            validate_trial(apply_overrides(data, arm), f"{path}: study.arms.{name}", check_files=False)
-        except SpecError as e:
-            raise SpecError(str(e).splitlines()[0]) from None
     if study.metric.startswith("val/") and not trial.validation.every:
         raise SpecError(f"{path}: study.metric: {study.metric} needs validation.every > 0")
-    check_metric(trial, study.metric, f"{path}: study.metric")
+    for name, arm in study.arms.items():  # every arm must make a valid trial that logs the study's metric
+        try:
+            arm_trial = validate_trial(apply_overrides(data, arm), f"{path}: study.arms.{name}", check_files=False)
+        except SpecError as e:
+            raise SpecError(str(e).splitlines()[0]) from None
+        check_metric(arm_trial, study.metric, f"{path}: study.metric (arm {name})")
     return trial, study, data
 
 

@@ -4,6 +4,7 @@ file, no traceback, and nothing started. Each kind is tried on several inputs.""
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -190,3 +191,71 @@ def test_the_filesystem_of_a_folder_is_read_from_the_mounts(tmp_path):
     from orchestrator.launch import filesystem_type
 
     assert filesystem_type("/proc/self") == "proc" and filesystem_type(str(tmp_path))
+
+
+@pytest.mark.parametrize("item, key", [
+    ("learner.steps=true", "learner.steps"), ("learner.steps=5.0", "learner.steps"),
+    ("learner.steps='5'", "learner.steps"), ("rollout.group_size=8.0", "rollout.group_size"),
+    ("learner.zero_stage=1.0", "learner.zero_stage"), ("algorithm.use_std=1", "algorithm.use_std"),
+    ("validation.samples=false", "validation.samples"), ("learner.lr='1e-4'", "learner.lr"),
+    ("task.levels=[1.0]", "task.levels"), ("rollout.decoding.ead.tau_max=true", "tau_max"),
+])
+def test_set_values_take_the_fields_exact_type(capsys, tmp_path, item, key):
+    train_with(capsys, tmp_path, item, named=(key,))
+
+
+@pytest.mark.parametrize("field, value", [("num_samples", "4.0"), ("seeds", "true"), ("max_concurrent_trials", "'1'")])
+def test_search_fields_take_their_exact_type(capsys, tmp_path, field, value):
+    spec = tmp_path / "sweep.yaml"
+    text = re.sub(rf"^  {field}: .*$", f"  {field}: {value}", open(EAD).read(), count=1, flags=re.M)
+    spec.write_text(text if f"  {field}: {value}" in text else text.replace("search:\n", f"search:\n  {field}: {value}\n"))
+    refused(capsys, sweep.main, [str(spec), "--storage", str(tmp_path)], f"search: {field}")
+
+
+def test_a_search_space_of_floats_over_an_integer_field(capsys, tmp_path):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(open(EAD).read().replace("    rollout.decoding.ead.d0: {loguniform: [5, 200]}",
+                                             "    rollout.decoding.ead.d0: {loguniform: [5, 200]}\n"
+                                             "    learner.steps: {uniform: [10, 20]}"))
+    refused(capsys, sweep.main, [str(spec), "--storage", str(tmp_path)], "search.space.learner.steps")
+
+
+@pytest.mark.parametrize("item, why", [
+    ("checkpoint.keep_best_by=policy/entropyy", "not a step metric"),
+    ("checkpoint.keep_best_by=val/accuracy_base", "not a step metric"),
+    ("checkpoint.keep_best_by=timing/step", "namespaces"),
+    ("checkpoint.keep_best_by=oger/divergence_mean", "oger"),  # the spec's GRPO computes no divergence
+    ("checkpoint.keep_best_by=offline/accuracy", "teacher"),
+    ("checkpoint.keep_best_by=val/pass_at_64", "validation metric"),
+])
+def test_metric_names_a_trial_of_the_spec_never_logs(capsys, tmp_path, item, why):
+    line = train_with(capsys, tmp_path, item, named=("checkpoint.keep_best_by",))
+    assert why in line
+
+
+def test_a_metric_the_fixed_schedule_never_logs(capsys, tmp_path):
+    train_with(capsys, tmp_path, "rollout.decoding.schedule=fixed", "checkpoint.keep_best_by=rollout/ead_decay",
+               named=("checkpoint.keep_best_by", "schedule: ead"))
+
+
+def test_a_study_metric_one_arm_never_logs(capsys, tmp_path):
+    spec = tmp_path / "study.yaml"
+    spec.write_text(open("search_spaces/studies/oger_ablation.yaml").read()
+                    .replace("metric: val/accuracy ", "metric: oger/exploration_mean "))
+    refused(capsys, study.main, [str(spec)], "study.metric", "arm grpo")
+
+
+@pytest.mark.parametrize("moment", ["2020-01-01T00:00:00", "2020-01-01T00:00:00+00:00", "'2020-01-01T10:00'",
+                                    "2020-01-01"])
+def test_deadlines_in_the_past(capsys, tmp_path, moment):
+    train_with(capsys, tmp_path, f"checkpoint.save_by={moment}", named=("checkpoint.save_by",))
+
+
+def test_a_deadline_ahead_is_taken_in_its_own_zone(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from orchestrator.spec import load_trial_spec
+
+    ahead = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(timespec="minutes")
+    cfg = load_trial_spec(EAD, [f"checkpoint.save_by='{ahead}'", f"storage={tmp_path}"])
+    assert cfg.checkpoint.save_by.tzinfo is not None and cfg.checkpoint.save_by > datetime.now(timezone.utc)

@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
@@ -335,7 +335,7 @@ class LearnerConfig(Section):
     cpus_per_worker: float = Field(1.0, gt=0, description="Logical CPUs per learner rank.")
     use_gpu: bool = Field(False, description="One GPU per learner rank.")
     resources: CustomResources = Field(default_factory=dict, description=RESOURCES_HELP.format(what="learner rank"))
-    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage: 0, 1, 2 or 3.")
     steps: PositiveInt = Field(30, description="RL steps (rollout + update rounds).")
     prompts_per_step: PositiveInt = Field(8, description="Prompts per RL step, over all ranks.")
     minibatches: PositiveInt = Field(1, description="Optimizer steps per RL step.")
@@ -437,12 +437,22 @@ class CheckpointConfig(Section):
         None, description="Wall-clock deadline (ISO 8601; local time unless it has an offset): the trial "
         "checkpoints at the last step boundary it can finish before it, and stops for a --resume.")
 
-    @model_validator(mode="after")
-    def _known_metric(self) -> CheckpointConfig:
-        if self.keep_best_by and not self.keep_best_by.startswith(OBJECTIVE_NAMESPACES):
-            raise ValueError(f"keep_best_by {self.keep_best_by!r} is not a trial metric (namespaces "
-                             f"{', '.join(OBJECTIVE_NAMESPACES)})")
-        return self
+    @field_validator("save_by", mode="before")
+    @classmethod
+    def _iso_text(cls, value: Any) -> Any:  # text also under a strict check (YAML reads 10:00 without seconds as text)
+        if not isinstance(value, str):
+            return value
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("expected an ISO 8601 datetime, e.g. 2026-01-31T18:00 or 2026-01-31T18:00+01:00") from None
+
+    @field_validator("keep_best_by")
+    @classmethod
+    def _known_metric(cls, metric: str | None) -> str | None:
+        if metric and not metric.startswith(OBJECTIVE_NAMESPACES):
+            raise ValueError(f"{metric!r} is not a trial metric (namespaces {', '.join(OBJECTIVE_NAMESPACES)})")
+        return metric
 
 
 class LoggingConfig(Section):

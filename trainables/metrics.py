@@ -119,6 +119,27 @@ def documented(metric: str) -> str | None:
     return next((name for name, pattern in PATTERNS.items() if pattern.fullmatch(metric)), None)
 
 
+# Metrics only some trials log: the prefix, and what the trial needs for it (`unlogged`).
+CONDITIONAL = (("offline/", "an algorithm with teacher trajectories (luffy, oger*)", lambda t: t.preset.uses_offline),
+               ("rollout/accuracy_online_kept", "an algorithm with teacher trajectories (luffy, oger*)",
+                lambda t: t.preset.uses_offline),
+               ("oger/", "an algorithm with embeddings (oger, oger_no_refinement)", lambda t: t.preset.needs_embeddings),
+               ("rollout/ead_decay", "rollout.decoding.schedule: ead", lambda t: t.rollout.decoding.schedule == "ead"))
+
+
+def unlogged(metric: str, trial) -> str | None:
+    """Why a trial of this spec (a TrialConfig) never logs `metric` as a step metric, or None if it does
+    (val/* is checked against the validation's own names: `ValidationConfig.metric_names`)."""
+    if documented(metric) is None or not metric.startswith(OBJECTIVE_NAMESPACES) or metric.endswith("_base"):
+        if not metric.startswith("val/") or metric.endswith("_base"):
+            return "not a step metric of a trial (trainables/metrics.py lists them)"
+    if metric.startswith("val/") and metric not in (names := trial.validation.metric_names()):
+        return (f"not a validation metric of this spec; with validation.samples={trial.validation.samples} "
+                f"they are {', '.join(names)}")
+    return next((f"logged only with {needs}" for prefix, needs, logs in CONDITIONAL
+                 if metric.startswith(prefix) and not logs(trial)), None)
+
+
 def markdown() -> str:
     """The README's table of metrics."""
     rows = [f"| `{name}` | {text} |" for name, text in METRICS.items()]
