@@ -26,15 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
 from rich.progress import Progress
 from rich.table import Table
 
 from orchestrator.console import console, number_table
 from orchestrator.spec import SpecError, load_trial_spec
-from orchestrator.inputs import check_tracking_uri
+from orchestrator.inputs import check_model_folder, check_tracking_uri
 from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.checkpoint import TRIAL_STATE, first_intact, saved_world_size
-from trainables.config import DecodingConfig, EADConfig, ModelConfig, PromptConfig, TrialConfig
+from trainables.checkpoint import TRIAL_STATE, TrialState, first_intact, read_record, saved_world_size
+from trainables.config import DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
 from trainables.data.models import MODEL_PRESETS, resolve_model_path
 from trainables.data.prompts import TEMPLATES
@@ -106,34 +107,58 @@ def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str
     return sets
 
 
+class RaySnapshot(BaseModel):
+    """The part of Ray Train's checkpoint_manager_snapshot.json read here: each checkpoint's folder name,
+    one path component inside the trial folder."""
+
+    class Entry(BaseModel):
+        checkpoint_dir_name: Name
+
+    checkpoint_results: list[Entry]
+    latest_checkpoint_result: Entry | None = None
+
+
+def unusable(folder: str, problem: str) -> None:
+    console.print(f"[yellow]checkpoint {folder} is unusable:[/yellow] {problem}; trying the one before it")
+
+
+def trial_checkpoints(target: Path) -> list[str]:
+    """The trial folder's checkpoint folders, the latest first, as its Ray Train snapshot names them:
+    one path component each, and none that links out of the folder (never read)."""
+    try:
+        state = read_record(target / "checkpoint_manager_snapshot.json", RaySnapshot)
+    except ValueError as e:
+        raise SpecError(f"MODEL_OR_TRIAL: {target}: {e}") from None
+    names = [r.checkpoint_dir_name for r in state.checkpoint_results]
+    latest = state.latest_checkpoint_result.checkpoint_dir_name if state.latest_checkpoint_result else None
+    inside = [n for n in names if (target / n).resolve().is_relative_to(target.resolve())]
+    for name in sorted(set(names) - set(inside)):
+        unusable(name, "a link out of the trial folder")
+    return sorted(inside, key=lambda n: (n == latest, n), reverse=True)
+
+
 def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
     """(model folder, the trial's spec or None) for a model folder, a trial folder or a model preset."""
     if (target / "config.json").is_file():
         return target, None
     if not target.exists() and target.name in MODEL_PRESETS:
         return resolve_model_path(ModelConfig(preset=target.name), cache_dir), None
-    snapshot = target / "checkpoint_manager_snapshot.json"
-    if not snapshot.is_file():
+    if not (target / "checkpoint_manager_snapshot.json").is_file():
         raise SpecError(f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json), "
                         f"a trial folder (checkpoint_manager_snapshot.json) nor a preset ({', '.join(MODEL_PRESETS)})")
     from trainables.export import export_policy
 
-    state = json.loads(snapshot.read_text())
-    names = [r["checkpoint_dir_name"] for r in state["checkpoint_results"]]
-    latest = (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
-    newest_first = sorted(names, key=lambda n: (n == latest, n), reverse=True)  # the latest first
-
     def export(folder: Path) -> tuple[Path, dict]:
+        trial_state = read_record(folder / TRIAL_STATE, TrialState)  # ValueError: this checkpoint is unusable
+        check_model_folder(trial_state.model_path, f"{folder / TRIAL_STATE}: model_path")  # SpecError is a ValueError
+        TrialConfig.model_validate(trial_state.trial)  # its spec, used below: a ValidationError is a ValueError too
         exported = target / "export" / folder.name
         if not (exported / "config.json").is_file():
             console.print(f"exporting {folder} -> {exported}")
             export_policy(folder, exported)
-        return exported, json.loads((folder / TRIAL_STATE).read_text())["trial"]
+        return exported, trial_state.trial
 
-    def unusable(folder: str, problem: str) -> None:
-        console.print(f"[yellow]checkpoint {folder} is unusable:[/yellow] {problem}; trying the one before it")
-
-    found = first_intact(((str(target / n), nullcontext(target / n)) for n in newest_first),
+    found = first_intact(((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
                          lambda _, folder: saved_world_size(folder) or 1, export, unusable)
     if found is None:
         raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")

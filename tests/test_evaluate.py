@@ -80,3 +80,80 @@ def test_trained_trial_is_exported_and_evaluated(ray_cluster, tiny_model_path, t
         with Image.open(trial / "report" / name) as image:
             image.verify()
     assert "pass_at_k.png" in (trial / "report" / "report.md").read_text()
+
+
+def trial_folder(tmp_path, snapshot: str, checkpoints: dict[str, dict[str, str]] | None = None):
+    """A trial folder as Ray Train leaves one: its snapshot, and checkpoint folders with the given files."""
+    target = tmp_path / "trial"
+    target.mkdir()
+    (target / "checkpoint_manager_snapshot.json").write_text(snapshot)
+    for name, files in (checkpoints or {}).items():
+        (target / name).mkdir()
+        for file, text in files.items():
+            (target / name / file).write_text(text)
+    return target
+
+
+def snapshot_of(*names: str) -> str:
+    return json.dumps({"checkpoint_results": [{"checkpoint_dir_name": n, "metrics": {}} for n in names],
+                       "latest_checkpoint_result": {"checkpoint_dir_name": names[-1]} if names else None})
+
+
+@pytest.mark.parametrize("snapshot, expected", [
+    ("", "Invalid JSON"), ("{" * 5000 + "}" * 5000, "JSON"), ("[]", "object"),
+    ('{"checkpoint_results": "x"}', "checkpoint_results"), ('{"checkpoint_results": [{"checkpoint_dir_name": 7}]}', "string"),
+    (snapshot_of("../.."), "one folder name"), (snapshot_of("/etc"), "one folder name"),
+])
+def test_a_trial_folder_whose_snapshot_is_malformed_is_one_line(tmp_path, capsys, snapshot, expected):
+    target = trial_folder(tmp_path, snapshot)
+    assert evaluate.main([str(target)]) == 2
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1 and expected in out and "checkpoint_manager_snapshot.json" in out, out
+
+
+def manifest(rank_files: dict[str, str]) -> str:
+    import hashlib
+
+    return json.dumps({"rank": 0, "world_size": 1, "files": {
+        name: {"size": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        for name, text in rank_files.items()}})
+
+
+@pytest.mark.parametrize("state, expected", [
+    ("{not json", "trial_state.json"), (json.dumps({"step": 1}), "base_val"),
+    (json.dumps({"step": "1", "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/x", "trial": {}}),
+     "step"),
+    (json.dumps({"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/x", "trial": {},
+                 "extra": 1}), "extra"),
+    (json.dumps({"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/etc", "trial": {}}),
+     "model_path"),
+])
+def test_checkpoints_whose_trial_state_is_malformed_are_unusable(tmp_path, capsys, state, expected):
+    files = {"trial_state.json": state}
+    target = trial_folder(tmp_path, snapshot_of("checkpoint_1"), {"checkpoint_1": {**files, "MANIFEST.rank_0.json":
+                                                                                       manifest(files)}})
+    assert evaluate.main([str(target)]) == 2
+    out = capsys.readouterr().out
+    assert "checkpoint_1 is unusable" in out and expected in out and "no intact checkpoint" in out, out
+    assert not (target / "export").exists()
+
+
+@pytest.mark.parametrize("text", ["[]", json.dumps({"rank": 0, "world_size": 1, "files": []}),
+                                  json.dumps({"rank": 0, "world_size": 1, "files": {"a": {"size": -1, "sha256": "0" * 64}}}),
+                                  json.dumps({"rank": 0, "world_size": 1, "files": {"/etc/passwd": {"size": 1, "sha256": "0" * 64}}})])
+def test_checkpoints_whose_manifest_is_malformed_are_unusable(tmp_path, capsys, text):
+    target = trial_folder(tmp_path, snapshot_of("checkpoint_1"), {"checkpoint_1": {"MANIFEST.rank_0.json": text}})
+    assert evaluate.main([str(target)]) == 2
+    out = capsys.readouterr().out
+    assert "checkpoint_1 is unusable" in out and "no intact checkpoint" in out, out
+
+
+def test_a_checkpoint_that_links_out_of_the_trial_folder_is_never_read(tmp_path, capsys):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = trial_folder(tmp_path, snapshot_of("checkpoint_1"))
+    (target / "checkpoint_1").symlink_to(outside)
+    assert evaluate.main([str(target)]) == 2
+    out = capsys.readouterr().out
+    assert "links out of the trial folder" in out or "a link out of the trial folder" in out, out
+    assert "no intact checkpoint" in out

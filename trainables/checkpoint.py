@@ -4,8 +4,8 @@ Layout of one checkpoint folder (the per-rank folders merged by Ray Train):
 
     engine/...                 DeepSpeed: model, optimizer and scheduler states of every rank
     rank_<r>.pt                rank r's RL step and its python / numpy / torch RNG states
-    trial_state.json           rank 0: step, validation history, base-policy validation, metrics
-    MANIFEST.rank_<r>.json     written last by rank r: size and sha256 of each file it wrote
+    trial_state.json           rank 0: step, validation history, base-policy validation, metrics (`TrialState`)
+    MANIFEST.rank_<r>.json     written last by rank r: size and sha256 of each file it wrote (`Manifest`)
 
 A checkpoint is complete when every rank's manifest is there and every listed file matches it; a
 missing manifest is a save that never finished, a mismatch is corruption. A checkpoint may come
@@ -29,9 +29,49 @@ from typing import TypeVar
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
 
 TRIAL_STATE = "trial_state.json"
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
+
+
+class Record(BaseModel):
+    """A JSON file a checkpoint holds: read as data, its shape checked (unknown keys refused)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FileEntry(Record):
+    size: NonNegativeInt
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Manifest(Record):
+    rank: NonNegativeInt
+    world_size: PositiveInt
+    files: dict[str, FileEntry]
+
+
+class TrialState(Record):
+    step: NonNegativeInt  # the RL step (0-based) the checkpoint was saved after
+    base_val: dict[str, float]
+    val_history: list[tuple[NonNegativeInt, dict[str, float]]]
+    metrics: dict[str, float]
+    model_path: str  # the base policy the trial started from
+    trial: dict
+
+
+def read_record(path: Path, kind: type[R]) -> R:
+    """`kind` read from the JSON file at `path`; ValueError in one line naming the file and the first
+    problem (unreadable, not JSON, a wrong type, a missing or unknown key)."""
+    try:
+        return kind.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"{path.name} is unreadable ({e.strerror or e})") from None
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(map(str, first["loc"])) or "the file"
+        raise ValueError(f"{path.name}: {where}: {first['msg']}") from None
 
 
 def allow_deepspeed_records() -> None:
@@ -93,8 +133,8 @@ def write_manifest(folder: str | Path, rank: int, world_size: int) -> None:
 def saved_world_size(folder: str | Path) -> int | None:
     """How many learner ranks saved the checkpoint (None when rank 0's manifest is unreadable)."""
     try:
-        return int(json.loads((Path(folder) / manifest_file(0)).read_text())["world_size"])
-    except (OSError, ValueError, KeyError):
+        return read_record(Path(folder) / manifest_file(0), Manifest).world_size
+    except ValueError:
         return None
 
 
@@ -106,18 +146,18 @@ def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:
         if not manifest.is_file():
             return f"{manifest.name} is missing (rank {rank} never finished saving)"
         try:
-            files = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError) as e:
-            return f"{manifest.name} is unreadable ({e})"
+            files = read_record(manifest, Manifest).files
+        except ValueError as e:
+            return str(e)
         for name, expected in files.items():
             path = folder / name
             if not path.resolve().is_relative_to(folder.resolve()):
                 return f"{manifest.name} names {name}, outside the checkpoint's folder"
             if not path.is_file():
                 return f"{name} is missing"
-            if path.stat().st_size != expected["size"]:
-                return f"{name} has {path.stat().st_size} bytes, its manifest says {expected['size']}"
-            if _sha256(path) != expected["sha256"]:
+            if path.stat().st_size != expected.size:
+                return f"{name} has {path.stat().st_size} bytes, its manifest says {expected.size}"
+            if _sha256(path) != expected.sha256:
                 return f"{name} does not match its sha256"
     return None
 

@@ -6,15 +6,14 @@ trial's base architecture and written with safetensors, its tokenizer and a gene
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from trainables.checkpoint import TRIAL_STATE, allow_deepspeed_records
+from trainables.checkpoint import TRIAL_STATE, TrialState, allow_deepspeed_records, read_record
 
 
 def checkpoint_model_path(checkpoint_dir: str | Path) -> str:
     """The base policy the checkpoint's trial started from."""
-    return json.loads((Path(checkpoint_dir) / TRIAL_STATE).read_text())["model_path"]
+    return read_record(Path(checkpoint_dir) / TRIAL_STATE, TrialState).model_path
 
 
 def export_policy(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:

@@ -12,8 +12,8 @@ from pathlib import Path
 import ray
 import torch
 
-from trainables.checkpoint import (TRIAL_STATE, first_intact, rank_file, read_rank_state, rng_state,
-                                   saved_world_size, set_rng_state, write_manifest)
+from trainables.checkpoint import (TRIAL_STATE, TrialState, first_intact, rank_file, read_rank_state, read_record,
+                                   rng_state, saved_world_size, set_rng_state, write_manifest)
 from trainables.errors import CheckpointError, write_failure
 
 
@@ -54,7 +54,7 @@ def restore(learner, rank: int, world: int, trial: str) -> dict | None:
         return world
 
     def load(folder: Path) -> dict:
-        state = json.loads((folder / TRIAL_STATE).read_text())
+        state = read_record(folder / TRIAL_STATE, TrialState).model_dump()  # ValueError: unusable
         rank_state = read_rank_state(folder, rank)  # before the engine: a refused file loads nothing
         learner.load(folder)
         set_rng_state(rank_state["rng"])
