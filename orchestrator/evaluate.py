@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from contextlib import nullcontext
@@ -35,7 +36,7 @@ from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.inputs import check_model_folder, check_tracking_uri
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.checkpoint import TRIAL_STATE, TrialState, first_intact, read_record, saved_world_size
-from trainables.config import DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
+from trainables.config import MAX_SAMPLES, DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
 from trainables.data.models import MODEL_PRESETS, resolve_model_path
 from trainables.data.prompts import TEMPLATES
@@ -43,6 +44,7 @@ from trainables.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
+MAX_DECODINGS = 100  # temperatures one --temperatures range may make
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,12 @@ def decodings(args) -> list[Decoding]:
     if args.temperatures:
         try:
             start, stop, step = (float(x) for x in args.temperatures.split(":"))
-            assert 0 < start <= stop and step > 0
+            assert all(map(math.isfinite, (start, stop, step))) and 0 < start <= stop and step > 0
         except (ValueError, AssertionError):
             raise SpecError(f"--temperatures: expected START:STOP:STEP with 0 < START <= STOP and STEP > 0 "
                             f"(got {args.temperatures!r})") from None
+        if (count := math.floor((stop - start) / step) + 1) > MAX_DECODINGS:
+            raise SpecError(f"--temperatures: {args.temperatures} makes {count} temperatures; at most {MAX_DECODINGS}")
         temps = np.round(np.arange(start, stop + step / 2, step), 6)
         return [fixed(float(t)) for t in temps]
     if args.temperature <= 0:
@@ -290,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.tracking_uri is not None:
             check_tracking_uri(args.tracking_uri, "--tracking-uri")
-        if args.samples < 1:
-            raise SpecError(f"--samples must be >= 1 (got {args.samples})")
+        if not 1 <= args.samples <= MAX_SAMPLES:
+            raise SpecError(f"--samples must be between 1 and {MAX_SAMPLES} (got {args.samples})")
         run(args)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)

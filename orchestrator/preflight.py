@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from trainables.config import TrialConfig
+from trainables.data.bootstrap import MAX_POSITIONS as TINY_MAX_POSITIONS
 from trainables.data.models import TINY_PRESET
 from trainables.data.pretrained import SMOLLM2_PRESET
 from trainables.memory import GB, GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
@@ -20,6 +21,9 @@ PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's 
 PRESET_SHAPES = {  # the built-in presets' shapes (the tiny one comes from its spec section)
     SMOLLM2_PRESET: ModelShape(576, 30, 1536, 9, 3, 49152, tied=True, attention_bias=False),
 }
+
+
+PRESET_POSITIONS = {TINY_PRESET: TINY_MAX_POSITIONS, SMOLLM2_PRESET: 8192}
 
 
 def model_shape(cfg: TrialConfig) -> tuple[ModelShape | None, str]:
@@ -40,6 +44,22 @@ def model_shape(cfg: TrialConfig) -> tuple[ModelShape | None, str]:
     if folder.name in KNOWN_SHAPES:
         return KNOWN_SHAPES[folder.name], f"{folder.name}'s published config (the folder is not here)"
     return None, f"{folder} has no config.json here"
+
+
+def model_positions(cfg: TrialConfig) -> tuple[int | None, str]:
+    """(the policy's max_position_embeddings, where it came from): its config overrides, its config.json, or
+    a preset's; None where this machine cannot know it (a folder that is not here)."""
+    override = cfg.model.config_overrides.get("max_position_embeddings")
+    if isinstance(override, int) and not isinstance(override, bool):
+        return override, "model.config_overrides"
+    if cfg.model.path is None:
+        return PRESET_POSITIONS[cfg.model.preset], f"the {cfg.model.preset} preset"
+    config = Path(cfg.model.path).expanduser() / "config.json"
+    try:
+        positions = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None, f"{config} is not readable here"
+    return (positions, str(config)) if isinstance(positions, int) and not isinstance(positions, bool) else (None, "")
 
 
 def micro_batch_tokens(cfg: TrialConfig) -> int:

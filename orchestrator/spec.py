@@ -33,7 +33,7 @@ from trainables.config import (
 )
 from trainables.metrics import OBJECTIVE_NAMESPACES, unlogged
 from orchestrator.inputs import SpecError, check_trial_inputs
-from orchestrator.preflight import memory_report
+from orchestrator.preflight import PROMPT_TOKENS, memory_report, model_positions
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
 from trainables.rollout.ead import ead_decay
 
@@ -143,10 +143,21 @@ def validate_trial(data: dict[str, Any], source: str, check_files: bool = True) 
         raise SpecError(format_validation_error(source, e)) from None
     check_metric(trial, trial.checkpoint.keep_best_by, f"{source}: checkpoint.keep_best_by")
     check_future(trial.checkpoint.save_by, f"{source}: checkpoint.save_by")
+    check_positions(trial, source)
     if check_files:
         check_benchmark_files(trial, source)
         check_trial_inputs(trial, source)
     return trial
+
+
+def check_positions(trial: TrialConfig, source: str) -> None:
+    """A response budget plus the task's prompt allowance must fit the policy's positions."""
+    positions, where = model_positions(trial)
+    needed = trial.rollout.max_new_tokens + PROMPT_TOKENS[trial.task.name]
+    if positions is not None and needed > positions:
+        raise SpecError(f"{source}: rollout.max_new_tokens: {trial.rollout.max_new_tokens} response tokens + a "
+                        f"prompt allowance of {PROMPT_TOKENS[trial.task.name]} exceed the model's {positions} "
+                        f"positions ({where}); at most {positions - PROMPT_TOKENS[trial.task.name]}")
 
 
 def check_future(moment: datetime | None, where: str) -> None:

@@ -20,7 +20,9 @@ from orchestrator.tracking import default_tracking_uri
     (["--ead", "1.2,0.1"], "--ead: expected TAU_MAX,TAU_MIN,D"),
     (["--ead", "0.1,1.2,25"], "--ead: expected"),
     (["--temperatures", "1:0.1:0.1"], "--temperatures: expected START:STOP:STEP"),
-    (["--samples", "0"], "--samples must be >= 1"),
+    (["--samples", "0"], "--samples must be between 1 and"), (["--samples", "100000000"], "--samples must be between"),
+    (["--temperatures", "0.1:1.0:1e-9"], "at most 100"), (["--temperatures", "0.1:inf:0.1"], "--temperatures: expected"),
+    (["--temperatures", "0.1:nan:0.1"], "--temperatures: expected"),
 ])
 def test_bad_arguments_are_one_line(tiny_model_path, capsys, extra, expected):
     assert evaluate.main([str(tiny_model_path), *extra]) == 2

@@ -259,3 +259,20 @@ def test_a_deadline_ahead_is_taken_in_its_own_zone(tmp_path):
     ahead = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(timespec="minutes")
     cfg = load_trial_spec(EAD, [f"checkpoint.save_by='{ahead}'", f"storage={tmp_path}"])
     assert cfg.checkpoint.save_by.tzinfo is not None and cfg.checkpoint.save_by > datetime.now(timezone.utc)
+
+
+@pytest.mark.parametrize("item, key", [
+    ("validation.samples=100000000", "validation.samples"), ("rollout.group_size=1000000", "rollout.group_size"),
+    ("validation.samples_by_benchmark={arithmetic: 99999}", "validation.samples_by_benchmark"),
+])
+def test_sizes_that_expand_are_bounded(capsys, tmp_path, item, key):
+    train_with(capsys, tmp_path, item, named=(key,))
+
+
+def test_a_response_budget_beyond_the_models_positions(capsys, tmp_path):
+    line = train_with(capsys, tmp_path, "rollout.max_new_tokens=400", named=("rollout.max_new_tokens", "512"))
+    assert "at most 384" in line
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 100}))
+    train_with(capsys, tmp_path, f"model.path={folder}", named=("rollout.max_new_tokens", str(folder / "config.json")))

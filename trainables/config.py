@@ -50,6 +50,8 @@ Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 Temperature = Annotated[float, Field(ge=0.01, le=100.0)]  # below 0.01 sampling is argmax with overflow risk
 LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
 Name = Annotated[str, AfterValidator(one_path_component)]
+MAX_SAMPLES = 1024  # samples of one prompt (a group, a validation problem's k): bounded before any is allocated
+Samples = Annotated[int, Field(ge=1, le=MAX_SAMPLES)]
 
 
 def custom_resources(resources: dict[str, float]) -> dict[str, float]:
@@ -236,7 +238,7 @@ class RolloutConfig(Section):
     colocate: bool = Field(
         False, description="vllm: share the learner's GPUs; the engine sleeps (frees its GPU memory) while "
         "the learner trains and wakes for the weight sync and rollouts (vLLM sleep mode, GPUs only).")
-    group_size: int = Field(8, ge=2, description="N rollouts per prompt (the GRPO group).")
+    group_size: int = Field(8, ge=2, le=MAX_SAMPLES, description="N rollouts per prompt (the GRPO group).")
     max_new_tokens: PositiveInt = Field(64, description="Response length cap in tokens.")
     decoding: DecodingConfig = Field(default_factory=DecodingConfig)
     tis_cap: PositiveFloat | None = Field(
@@ -366,8 +368,8 @@ class ValidationConfig(Section):
     every: int = Field(10, ge=0, description="Validate every v RL steps (and at the start and end); 0: never.")
     num_prompts: PositiveInt = Field(
         64, description="Problems of each benchmark (the first ones; for arithmetic at most task.val_size).")
-    samples: PositiveInt = Field(2, description="Samples per validation problem (the k of avg@k, pass@k, maj@k).")
-    samples_by_benchmark: dict[str, PositiveInt] = Field(
+    samples: Samples = Field(2, description="Samples per validation problem (the k of avg@k, pass@k, maj@k).")
+    samples_by_benchmark: dict[str, Samples] = Field(
         default_factory=dict, description="Benchmark name -> its own k, e.g. {aime24: 32, aime25: 32, amc: 32} "
         "as the OGER paper (avg@32 there, avg@1 elsewhere); the others take `samples`.")
     prompt: PromptConfig | None = Field(
