@@ -276,3 +276,22 @@ def test_a_response_budget_beyond_the_models_positions(capsys, tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 100}))
     train_with(capsys, tmp_path, f"model.path={folder}", named=("rollout.max_new_tokens", str(folder / "config.json")))
+
+
+def test_json_nested_deeper_than_the_stack(capsys, tmp_path):
+    """A whole file nested too deeply is a one-line refusal; one such line among rows is a skipped row."""
+    deep = "[" * 50_000 + "]" * 50_000
+    (array := tmp_path / "math500.json").write_text(deep)
+    train_with(capsys, tmp_path, f"validation.benchmarks={{math500: {array}}}",
+               named=("validation.benchmarks.math500", "nested too deeply"))
+    (lines := tmp_path / "teachers.jsonl").write_text(deep + "\n")
+    train_with(capsys, tmp_path, f"offline.files=[{{path: {lines}}}]", named=("offline.files[0].path", "invalid:json"),
+               spec="search_spaces/oger.yaml")
+    row = {"problem": "What is 1+1?", "answer": "2", "unique_id": "a"}
+    (mixed := tmp_path / "math500.jsonl").write_text(deep + "\n" + json.dumps(row) + "\n")
+    from orchestrator.spec import load_trial_spec
+    from trainables.data.benchmarks import load_benchmark
+
+    load_trial_spec(EAD, [f"validation.benchmarks={{math500: {mixed}}}", f"storage={tmp_path}"])  # accepted
+    problems, skipped = load_benchmark("math500", mixed, limit=10, seed=0)
+    assert [p.answer for p in problems] == ["2"] and sum(skipped.values()) == 1

@@ -219,7 +219,7 @@ def _read_csv(path: Path) -> tuple[list[Any], list[str]]:
 def _json_line(line: str) -> Any:
     try:
         return json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python's stack
         return _INVALID_JSON
 
 
@@ -267,8 +267,8 @@ def _read(name: str, layout: Layout, path: Path) -> list[Any]:
         raise BenchmarkError(f"{where} not found; expected {layout.describe()}")
     try:
         records, found = reader(path)
-    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid and JSON / UTF-8 decode errors are ValueErrors
-        detail = " ".join(str(error).split())  # pyarrow messages span lines
+    except (OSError, ValueError, RecursionError) as error:  # pyarrow's ArrowInvalid, JSON and UTF-8 errors: ValueErrors
+        detail = "nested too deeply" if isinstance(error, RecursionError) else " ".join(str(error).split())
         raise BenchmarkError(f"{where} could not be read as {path.suffix}: {detail}; expected "
                              f"{layout.describe()}") from None
     if not records:

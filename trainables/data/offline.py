@@ -104,7 +104,7 @@ def _jsonl_records(path: Path) -> Iterator[Any]:
                 continue  # blank lines (a trailing newline) are not rows
             try:
                 yield json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python's stack
                 yield _UNPARSABLE
 
 
