@@ -123,8 +123,12 @@ def check_settings(folder_uri: str, settings: dict, *, resume: bool, force: bool
 
     fs, path = pyarrow.fs.FileSystem.from_uri(f"{folder_uri.rstrip('/')}/{SETTINGS_FILE}")
     if resume and fs.get_file_info(path).type == pyarrow.fs.FileType.File:
-        with fs.open_input_stream(path) as f:
-            saved = flatten(json.loads(f.read()))
+        try:
+            with fs.open_input_stream(path) as f:
+                saved = flatten(json.loads(f.read()))
+        except (OSError, ValueError, RecursionError, AttributeError) as e:  # AttributeError: JSON but not an object
+            raise SpecError(f"--resume: {folder_uri}/{SETTINGS_FILE} does not hold the run's settings "
+                            f"({type(e).__name__}); left as it is") from None
         now = flatten(json.loads(json.dumps(settings)))  # as JSON keeps them: tuples are lists
         differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if differ and not force:

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.fs
+
 from rich.table import Table
 
 from orchestrator.console import console, number_table
@@ -42,11 +44,13 @@ def summary_table(metrics: dict[str, float], title: str) -> Table:
 
 
 def check_fresh(cfg: TrialConfig, resume: bool) -> None:
-    """Ray Train continues a run found under the same (storage, name): only do that when asked."""
-    folder = Path(storage_uri(cfg.storage)) / cfg.name
-    if "://" not in cfg.storage and folder.exists() and not resume:
-        raise SpecError(f"name: a run named {cfg.name!r} already exists in {folder}; pass --resume to "
-                        f"continue it, or --set name=NEW for a new run")
+    """Ray Train continues a run found under the same (storage, name): only do that when asked. A
+    storage URI is looked at as a local folder is."""
+    fs, path = pyarrow.fs.FileSystem.from_uri(storage_uri(cfg.storage))
+    folder = f"{path.rstrip('/')}/{cfg.name}"
+    if not resume and fs.get_file_info(folder).type != pyarrow.fs.FileType.NotFound:
+        raise SpecError(f"name: a run named {cfg.name!r} already exists in {storage_uri(cfg.storage)}; pass "
+                        f"--resume to continue it, or --set name=NEW for a new run")
 
 
 def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str, float]:

@@ -89,3 +89,28 @@ def test_resume_with_other_settings_is_refused_naming_them(tmp_path):
     assert "trial.learner.lr (0.0001 -> 0.0003)" in message and "search.seed (None -> 1)" in message
     check_settings(str(tmp_path), changed, resume=True, force=True)  # forced: the new settings are the run's now
     check_settings(str(tmp_path), changed, resume=True, force=False)
+
+
+@pytest.mark.parametrize("as_uri", [False, True])
+def test_an_existing_run_is_refused_without_resume_in_a_folder_and_under_a_uri(tmp_path, as_uri):
+    from orchestrator.spec import load_trial_spec
+    from orchestrator.train import check_fresh
+
+    storage = f"file://{tmp_path}" if as_uri else str(tmp_path)
+    cfg = load_trial_spec("search_spaces/ead.yaml", [f"storage={storage}",
+                                                      f"logging.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+    check_fresh(cfg, resume=False)  # nothing there yet
+    (tmp_path / cfg.name).mkdir()
+    with pytest.raises(SpecError, match="already exists"):
+        check_fresh(cfg, resume=False)
+    check_fresh(cfg, resume=True)
+
+
+@pytest.mark.parametrize("text", ["{broken", "[1, 2]", "[" * 50_000 + "]" * 50_000])
+def test_a_settings_file_that_is_not_settings_is_one_line_and_left_alone(tmp_path, text):
+    from orchestrator.lease import SETTINGS_FILE, check_settings
+
+    (tmp_path / SETTINGS_FILE).write_text(text)
+    with pytest.raises(SpecError, match=SETTINGS_FILE) as info:
+        check_settings(str(tmp_path), {"trial": {}}, resume=True, force=False)
+    assert len(str(info.value).splitlines()) == 1 and (tmp_path / SETTINGS_FILE).read_text() == text
