@@ -295,6 +295,23 @@ def check_resumable(uri: str, name: str, resume: bool) -> None:
     if exists and not resume:
         raise SpecError(f"--name: {name!r} already exists in {uri}; pass --resume to continue it, or --name NEW "
                         f"for a new one")
+    if resume:
+        check_state_owner(f"{uri}/tune")
+
+
+def check_state_owner(tune_folder: str, uid: int | None = None) -> None:
+    """Ray Tune's saved state is pickled: restoring it runs whatever code it names. A local folder holding
+    state another user wrote is refused; under a URI, where no owner can be read, the command says what it
+    is about to unpickle."""
+    if "://" in tune_folder:
+        console.print(f"[yellow]--resume: restoring Ray Tune's pickled state from {tune_folder}: it runs the code it "
+                      "names; resume only folders you or people you trust wrote[/yellow]", soft_wrap=True)
+        return
+    uid = os.getuid() if uid is None else uid
+    foreign = sorted(p for p in Path(tune_folder).iterdir() if p.is_file() and p.stat().st_uid != uid)
+    if foreign:
+        raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user ({foreign[0].name}, "
+                        f"uid {foreign[0].stat().st_uid}); restoring it would run their code: refused")
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
