@@ -25,11 +25,16 @@ from trainables.data.models import resolve_model_path
 STAGE = "confirm"
 
 
+def arm_steps(base: dict, arm: ConfigSummary) -> int:
+    """The RL steps a confirmation run of `arm` trains: its final value's step."""
+    return TrialConfig.model_validate(apply_overrides(base, arm.params)).learner.steps
+
+
 def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int], metric: str) -> list[float]:
     """One arm's values of `metric` at its last step, on the seeds spec seed + offsets (fresh runs). A
     confirmation run validates the base policy and its last step only: the decision reads nothing else,
     and validation draws its own seeds, so the training and the final value are those of `every: 10`."""
-    steps = TrialConfig.model_validate(apply_overrides(base, arm.params)).learner.steps
+    steps = arm_steps(base, arm)
     cfgs = seed_configs(base, {**arm.params, "validation.every": steps}, arm.config_id, f"{exp.uri}/{STAGE}", offsets)
     model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
     tracker = Tracker(exp.tracking_uri, cfgs[0].logging.experiment)

@@ -422,11 +422,27 @@ class Comparison:
         return describe(self.diff, self.verdict, self.seeds_needed, reference, label, self.span)
 
 
+# Settings that change what the objective measures: the validation's problems, samples, decoding, length.
+MEASUREMENT = ("validation.", "task.name", "task.levels", "task.val_size", "task.seed", "prompt.", "rollout.max_new_tokens")
+
+
+def incomparable(a_params: dict[str, Any], b_params: dict[str, Any], a_steps, b_steps) -> str | None:
+    """Why two sides' objectives cannot be paired (their values come from different steps, or from
+    different validations), or None. Params: each side's overrides of the common spec."""
+    if a_steps != b_steps:
+        return f"their values come from different steps ({a_steps} and {b_steps})"
+    differ = sorted(k for k in a_params.keys() | b_params.keys()
+                    if k.startswith(MEASUREMENT) and a_params.get(k) != b_params.get(k))
+    if differ:
+        return f"they are measured by different validations ({', '.join(differ)})"
+    return None
+
+
 def compare(a: ConfigSummary, b: ConfigSummary, mode: str) -> Comparison | None:
-    """a - b, seed by seed; None when either has no objective on every seed, or the two come from
-    different steps (a configuration stopped early against one that ran on)."""
+    """a - b, seed by seed; None when either has no objective on every seed, or the two cannot be paired
+    (`incomparable`: a configuration stopped early against one that ran on, or another validation)."""
     n = min(len(a.values), len(b.values))
-    if not n or a.steps != b.steps:
+    if not n or incomparable(a.params, b.params, a.steps, b.steps):
         return None
     se = math.sqrt(a.se**2 + b.se**2) if n == 1 and a.se is not None and b.se is not None else None
     diff = paired_difference(a.values[:n], b.values[:n], se)

@@ -179,7 +179,7 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
                     | set(CURVES))}
     final = {k: v for k, v in final.items() if v and all(x is not None for x in v)}
     se = [r.data.metrics.get(experiment.SE_KEY) for r in runs]
-    curves = {}
+    curves, steps = {}, []
     for key in (study.metric, *CURVES):
         # The base policy's validation (logged as <metric>_base) is the curve's step 0.
         histories = [sorted([(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
@@ -187,11 +187,14 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
                      for r in runs]
         if histories and all(histories):
             curves[key] = band(histories)
+            if key == study.metric:
+                steps = [h[-1][0] for h in histories]  # the step each seed's final value is of
         if key == study.metric and histories and all(len(h) > 1 for h in histories):
             # Sample efficiency: the objective averaged over every validation after the base one.
             final[area_key(key)] = [sum(v for s, v in h if s > 0) / sum(1 for s, _ in h if s > 0) for h in histories]
     return {
         "seeds": [int(r.data.params["seed"]) for r in runs],
+        "steps": steps,
         "states": [r.data.tags.get("state", "?") for r in runs],
         "final": {k: {"values": v, **interval_dict(seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
                   for k, v in final.items()},
@@ -214,12 +217,16 @@ def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | N
     metric's verdict is its own 95% interval's, labelled exploratory."""
     names = list(arms)
     first = arms[names[0]]
+    apart = {name: why for name in names[1:] if (why := experiment.incomparable(
+        arms[name].get("overrides", {}), first.get("overrides", {}), arms[name].get("steps"), first.get("steps")))}
     paired = {name: {key: (a["values"], first["final"][key]["values"]) for key, a in arms[name]["final"].items()
                      if key in first["final"] and len(a["values"]) == len(first["final"][key]["values"])}
-              for name in names[1:]}
+              for name in names[1:] if name not in apart}
     primary = family_verdicts({name: [x - y for x, y in zip(*pairs[metric])] for name, pairs in paired.items()
                                if metric in pairs}, margin=margin, mode=mode)
-    out: dict[str, dict[str, dict]] = {}
+    out: dict[str, dict[str, dict]] = {name: {metric: {"verdict": "not compared", "role": "primary",
+                                                       "line": f"{name} - {names[0]}: not compared: {why}"}}
+                                       for name, why in apart.items()}
     for name, pairs in paired.items():
         rows = {}
         for key, (a, b) in pairs.items():
@@ -273,6 +280,9 @@ def markdown(result: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|"]
     for name, rows in result["differences"].items():
         for key, row in rows.items():
+            if row["verdict"] == "not compared":
+                lines.append(f"| {name} | {key} | {row['role']} | - | - | {row['line'].split(': ', 1)[1]} | - |")
+                continue
             p = f"{row['p_holm']:.3f}" if row.get("p_holm") == row.get("p_holm") and "p_holm" in row else "-"
             lines.append(f"| {name} | {key} | {row['role']} | {fmt(row)} | {p} | {row['verdict']} | "
                          f"{seeds_cell(row['seeds_needed'], row['seeds_range'])} |")

@@ -265,8 +265,10 @@ def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[Conf
              + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())]
     result = experiment.compare(challenger, baseline, search.mode) if baseline and challenger else None
     if result is None:
-        lines.append("no selection estimate: no baseline (search.baseline, or points_to_evaluate), no other "
-                     "configuration that ran to the end, or the two stopped at different steps")
+        why = (baseline and challenger and experiment.incomparable(challenger.params, baseline.params, challenger.steps,
+                                                                   baseline.steps))
+        lines.append(f"no selection estimate: {why}" if why else "no selection estimate: no baseline (search.baseline, "
+                     "or points_to_evaluate), or no other configuration that ran to the end")
         return lines, {}, {}
     label = "selected best - baseline" if challenger is best else f"selected runner-up {challenger.config_id} - baseline"
     lines.append(result.line(f"the baseline {baseline.config_id}", label)
@@ -287,9 +289,14 @@ def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], fi
     from orchestrator import confirm
 
     baseline, challenger = baseline_and_challenger(summaries, finished, search)
-    if baseline is None or challenger is None:
-        line = "no confirmation: the search has no baseline or no other configuration that ran to the end"
-        console.print(line, highlight=False)
+    if baseline and challenger:
+        why = experiment.incomparable(challenger.params, baseline.params, confirm.arm_steps(base, challenger),
+                                      confirm.arm_steps(base, baseline))
+    else:
+        why = "the search has no baseline or no other configuration that ran to the end"
+    if why:
+        line = f"no confirmation of {challenger.config_id}: {why}" if challenger else f"no confirmation: {why}"
+        console.print(line, highlight=False, soft_wrap=True)
         return [line], baseline or finished[0]
     result = confirm.run_confirmation(exp, base, challenger, baseline, search.confirm, search.metric, search.mode,
                                       first_offset=search.seeds)

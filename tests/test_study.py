@@ -136,3 +136,42 @@ def test_primary_verdicts_are_holm_adjusted_and_the_rest_exploratory():
     # With a margin of 0.1, TOST's p-values (0.003, 0.006) pass Holm: equivalent within +-0.1.
     with_margin = differences(arms, "max", "val/accuracy", margin=0.1)
     assert [with_margin[n]["val/accuracy"]["verdict"] for n in "bc"] == ["equivalent", "equivalent"]
+
+
+def test_arms_measured_at_other_steps_or_by_another_validation_are_not_compared():
+    """An arm whose seeds stopped at another step, or whose overrides change the validation, gets no verdict
+    and leaves the Holm family: the remaining arm's p-value is its own."""
+    from scipy import stats
+
+    from orchestrator.study import differences, markdown
+
+    def arm(acc, steps=(30, 30, 30), **overrides):
+        return {"overrides": overrides, "steps": list(steps), "final": {"val/accuracy": {"values": acc}}}
+
+    arms = {"a": arm([0.40, 0.42, 0.41]), "b": arm([0.44, 0.45, 0.43]),
+            "early": arm([0.30, 0.31, 0.29], steps=(30, 20, 30)),
+            "k8": arm([0.50, 0.52, 0.51], **{"validation.samples": 8})}
+    rows = differences(arms, "max", "val/accuracy")
+    assert rows["early"]["val/accuracy"]["verdict"] == "not compared" and "different steps" in rows["early"]["val/accuracy"]["line"]
+    assert rows["k8"]["val/accuracy"]["verdict"] == "not compared" and "validation.samples" in rows["k8"]["val/accuracy"]["line"]
+    assert rows["b"]["val/accuracy"]["p_holm"] == pytest.approx(stats.ttest_1samp([0.04, 0.03, 0.02], 0).pvalue)
+    table = markdown({"name": "s", "metric": "val/accuracy", "seeds": 3, "margin": None, "differences": rows,
+                      "noise": {"validation_se": 0.02, "seed_sd": None},
+                      "arms": {n: {"final": {"val/accuracy": {"values": a["final"]["val/accuracy"]["values"],
+                                                              "mean": 0.4, "ci_low": 0.3, "ci_high": 0.5}}}
+                               for n, a in arms.items()}})
+    assert "| early | val/accuracy | primary | - | - | not compared: their values come from different steps" in table
+
+
+def test_a_comparison_refuses_sides_from_other_steps_or_validations():
+    from orchestrator.experiment import ConfigSummary, compare, incomparable
+
+    def summary(values, steps=30, **params):
+        return ConfigSummary("c", params, "finished", steps, values, None, None, {})
+
+    base = summary([0.40, 0.42, 0.41])
+    assert compare(summary([0.44, 0.45, 0.43]), base, "max") is not None
+    assert compare(summary([0.44, 0.45, 0.43], steps=20), base, "max") is None
+    assert compare(summary([0.44, 0.45, 0.43], **{"validation.decoding.temperature": 1.0}), base, "max") is None
+    assert compare(summary([0.44, 0.45, 0.43], **{"rollout.decoding.ead.tau_max": 1.4}), base, "max") is not None
+    assert "rollout.max_new_tokens" in incomparable({"rollout.max_new_tokens": 32}, {}, 30, 30)
