@@ -107,6 +107,15 @@ def committed(storage: Path) -> list[int]:
     return sorted(counts, reverse=True)
 
 
+def finished_runs(storage: Path, steps: int) -> int:
+    """Train runs under `storage` whose latest committed checkpoint is of their last step `steps`."""
+    def last(path: Path) -> float:
+        latest = json.loads(path.read_text()).get("latest_checkpoint_result") or {}
+        return latest.get("metrics", {}).get("progress/step", 0)
+
+    return sum(last(p) >= steps for p in storage.rglob("checkpoint_manager_snapshot.json"))
+
+
 def sigkill_actor(class_name: str, sig: int = signal.SIGKILL) -> None:
     """Send `sig` (default: SIGKILL) to the process of a live actor of that class."""
     from ray.util.state import list_actors

@@ -20,8 +20,8 @@ import optuna
 import pytest
 import torch
 
-from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, history, logged_step, logged_steps,
-                    reference_history, runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
+from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, finished_runs, history, logged_step,
+                    logged_steps, reference_history, runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
 from orchestrator import train
 from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
@@ -231,11 +231,21 @@ def kill_session(driver: subprocess.Popen) -> None:
         time.sleep(0.5)
 
 
+# Moments of a sweep's life, each found from its own progress (MLflow steps, Ray Train's committed checkpoints).
+KILL_POINTS = {
+    # the second configuration mid-trial, past its first checkpoint
+    "second_trial_mid_run": lambda storage: logged_steps(storage)[1:2] >= [3] and committed(storage)[1:2] >= [1],
+    # the first configuration's last step checkpointed and committed, before Tune records the trial's end
+    "first_trial_after_its_last_step": lambda storage: finished_runs(storage, 5) >= 1,
+}
+
+
 @pytest.mark.slow
-def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_cluster, tmp_path):
-    """The sweep's driver runs its own local Ray cluster; at the second trial's first checkpoint the whole
-    machine goes (driver, GCS, raylet, workers). The same command with --resume on a fresh cluster
-    finishes it, and MLflow, Tune and Optuna each say what happened to every trial."""
+@pytest.mark.parametrize("kill_point", list(KILL_POINTS))
+def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_cluster, tmp_path, kill_point):
+    """The sweep's driver runs its own local Ray cluster; at `kill_point` the whole machine goes (driver,
+    GCS, raylet, workers). The same command with --resume on a fresh cluster finishes it, and MLflow, Tune
+    and Optuna each say what happened to every trial."""
     ray_cluster.shutdown()  # this machine runs one cluster at a time: the sweep's own
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     command = [sys.executable, "-m", "orchestrator.sweep", str(sweep_spec(tmp_path)), "--name", "s", "--storage",
@@ -244,8 +254,7 @@ def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_clust
     try:
         driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
-        when(lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1],
-             lambda: kill_session(driver)).join()
+        when(lambda: KILL_POINTS[kill_point](tmp_path), lambda: kill_session(driver)).join()
         driver.wait(timeout=60)
         resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=900)
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -271,7 +280,8 @@ def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_clust
                                        if "lost" in t.user_attrs)
     optuna_state = {t.params["rollout.decoding.ead.tau_max"]: t.state for t in proposals}
     for tau, run in ((float(r.data.params["rollout.decoding.ead.tau_max"]), r) for r in runs(tmp_path)):
-        finished = final[tau]["progress/step"] == 5
+        finished = max(s for s, _ in history(tmp_path, run)["progress/step"]) == 5  # the truth: its own steps
+        assert (final[tau]["progress/step"] == 5) == finished, (kill_point, tau, final[tau].get("progress/step"))
         assert (run.data.tags["state"], run.info.status) == ("finished" if finished else "pruned", "FINISHED")
         assert optuna_state[tau] == (optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.PRUNED)
         steps = [s for s, _ in history(tmp_path, run)["progress/step"]]
