@@ -34,15 +34,17 @@ from rich.table import Table
 from orchestrator.console import console, number_table
 from orchestrator.spec import SpecError, load_trial_spec
 from orchestrator.inputs import check_model_folder, check_tracking_uri
-from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.checkpoint import TRIAL_STATE, TrialState, first_intact, read_record, saved_world_size
+from orchestrator.cli import later
 from trainables.config import MAX_SAMPLES, DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
-from trainables.data.models import MODEL_PRESETS, resolve_model_path
+from trainables.names import MODEL_PRESETS
 from trainables.data.prompts import TEMPLATES
 from trainables.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 
+# MLflow, torch and the model's libraries load once the arguments have passed their checks.
+tracking, checkpoint = later("orchestrator.tracking"), later("trainables.checkpoint")
+models = later("trainables.data.models")
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
 MAX_DECODINGS = 100  # temperatures one --temperatures range may make
 
@@ -130,7 +132,7 @@ def trial_checkpoints(target: Path) -> list[str]:
     """The trial folder's checkpoint folders, the latest first, as its Ray Train snapshot names them:
     one path component each, and none that links out of the folder (never read)."""
     try:
-        state = read_record(target / "checkpoint_manager_snapshot.json", RaySnapshot)
+        state = checkpoint.read_record(target / "checkpoint_manager_snapshot.json", RaySnapshot)
     except ValueError as e:
         raise SpecError(f"MODEL_OR_TRIAL: {target}: {e}") from None
     names = [r.checkpoint_dir_name for r in state.checkpoint_results]
@@ -146,24 +148,26 @@ def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
     if (target / "config.json").is_file():
         return target, None
     if not target.exists() and target.name in MODEL_PRESETS:
-        return resolve_model_path(ModelConfig(preset=target.name), cache_dir), None
+        return models.resolve_model_path(ModelConfig(preset=target.name), cache_dir), None
     if not (target / "checkpoint_manager_snapshot.json").is_file():
         raise SpecError(f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json), "
                         f"a trial folder (checkpoint_manager_snapshot.json) nor a preset ({', '.join(MODEL_PRESETS)})")
     from trainables.export import export_policy
 
     def export(folder: Path) -> tuple[Path, dict]:
-        trial_state = read_record(folder / TRIAL_STATE, TrialState)  # ValueError: this checkpoint is unusable
-        check_model_folder(trial_state.model_path, f"{folder / TRIAL_STATE}: model_path")  # SpecError is a ValueError
-        TrialConfig.model_validate(trial_state.trial)  # its spec, used below: a ValidationError is a ValueError too
+        # Each of these raises a ValueError (SpecError and ValidationError are ones) that makes the checkpoint unusable.
+        state_file = folder / checkpoint.TRIAL_STATE
+        trial_state = checkpoint.read_record(state_file, checkpoint.TrialState)
+        check_model_folder(trial_state.model_path, f"{state_file}: model_path")
+        TrialConfig.model_validate(trial_state.trial)  # its spec, used below
         exported = target / "export" / folder.name
         if not (exported / "config.json").is_file():
             console.print(f"exporting {folder} -> {exported}")
             export_policy(folder, exported)
         return exported, trial_state.trial
 
-    found = first_intact(((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
-                         lambda _, folder: saved_world_size(folder) or 1, export, unusable)
+    found = checkpoint.first_intact(((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
+                                    lambda _, folder: checkpoint.saved_world_size(folder) or 1, export, unusable)
     if found is None:
         raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")
     return found[1]
@@ -252,8 +256,8 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
     logging = (trial_spec or {}).get("logging", {})
     storage = str(target.parent) if trial_spec else "runs"  # a model folder: where trials record by default
     # Never the tracking URI the trial's files name: a folder from someone else must not send results elsewhere.
-    uri = args.tracking_uri or default_tracking_uri(storage)
-    tracker = Tracker(uri, logging.get("experiment", "rlvr-explore"))
+    uri = args.tracking_uri or tracking.default_tracking_uri(storage)
+    tracker = tracking.Tracker(uri, logging.get("experiment", "rlvr-explore"))
     parent = tracker.find_trial_run(str(target)) if trial_spec else None
     metrics = {f"eval/{label}/{bench}/{metric_key(key)}": value for label, per in results.items()
                for bench, row in per.items() for key, value in row.items()}

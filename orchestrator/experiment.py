@@ -18,10 +18,11 @@ from typing import Any
 
 from ray.tune import Callback
 
+from orchestrator.cli import ExperimentFailed
 from orchestrator.console import console, short_params
 from orchestrator.decisions import pooled_sd
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
-from orchestrator.lease import Lease, check_settings, release_all
+from orchestrator.lease import Lease, check_settings
 from orchestrator.launch import check_shared_storage, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
@@ -43,10 +44,6 @@ CLOSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-close")
 
 def closed() -> None:
     CLOSER.submit(lambda: None).result()
-
-
-class ExperimentFailed(RuntimeError):
-    """Every trial failed: said in one line, with where the trials' errors are."""
 
 
 @dataclass
@@ -134,47 +131,6 @@ def fetch_study(folder: Path, uri: str) -> None:
 def given(flag: str | None, default: str) -> str:
     """A flag's value when it was given (even empty, which the checks then refuse), else the spec's."""
     return default if flag is None else flag
-
-
-def parser(prog: str, doc: str, kind: str, example: str, count: str):
-    """The command line a sweep and a study share; `count` is the flag for how many run at once."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog=prog, description=doc.strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", help=f"experiment spec with a {kind}: section, e.g. {example}")
-    p.add_argument("--name", help=f"{'sweep' if kind == 'search' else kind} name (default: the spec's name)")
-    p.add_argument("--storage", help="folder or URI holding it (default: the spec's storage)")
-    p.add_argument("--max-concurrent", type=int, help=f"{count} at once (default: the spec's)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite inside the storage)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
-    p.add_argument("--dry-run", action="store_true", help="check the spec and print what would run; start nothing")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
-                   "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote")
-    p.add_argument("--force", action="store_true", help="with --resume: continue even if the spec's settings differ "
-                   "from the ones it started with")
-    return p
-
-
-def cli(run, parser_, argv: list[str] | None) -> int:
-    """Parse, run, and turn bad input into one line and exit code 2."""
-    args = parser_.parse_args(argv)
-    try:
-        for flag in ("max_concurrent", "seeds", "num_samples"):
-            if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
-                raise SpecError(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
-        return run(args.spec, args)
-    except BaseException as e:  # the experiment's MLflow run never stays "running" after its command ended
-        for exp in STARTED:
-            exp.tracker.close_if_running(exp.parent, "stopped" if isinstance(e, KeyboardInterrupt) else "errored")
-        if not isinstance(e, (SpecError, FileNotFoundError, ExperimentFailed)):
-            raise
-        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        return 2
-    finally:
-        STARTED.clear()
-        release_all()
 
 
 def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
@@ -310,8 +266,8 @@ def check_state_owner(tune_folder: str, uid: int | None = None) -> None:
     uid = os.getuid() if uid is None else uid
     foreign = sorted(p for p in Path(tune_folder).iterdir() if p.is_file() and p.stat().st_uid != uid)
     if foreign:
-        raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user ({foreign[0].name}, "
-                        f"uid {foreign[0].stat().st_uid}); restoring it would run their code: refused")
+        raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user "
+                        f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: refused")
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:

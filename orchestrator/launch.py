@@ -19,7 +19,6 @@ from trainables.data.offline import OfflineStore
 from trainables.tasks import load_offline_store, train_problems
 from trainables.rewards.verify import score_batch
 
-BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 
 # Environment of every Ray worker: DeepSpeed on CPU torch, quiet tokenizers, no hub access.
 WORKER_ENV = {

@@ -11,9 +11,7 @@ import json
 from pathlib import Path
 
 from trainables.config import TrialConfig
-from trainables.data.bootstrap import MAX_POSITIONS as TINY_MAX_POSITIONS
-from trainables.data.models import TINY_PRESET
-from trainables.data.pretrained import SMOLLM2_PRESET
+from trainables.names import SMOLLM2_PRESET, TINY_MAX_POSITIONS, TINY_PRESET
 from trainables.memory import GB, GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
 
 PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's prompt allowance, by task

@@ -35,7 +35,8 @@ from trainables.metrics import OBJECTIVE_NAMESPACES, unlogged
 from orchestrator.inputs import SpecError, check_trial_inputs
 from orchestrator.preflight import PROMPT_TOKENS, memory_report, model_positions
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
-from trainables.rollout.ead import ead_decay
+
+BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 
 __all__ = [
     "AlgorithmConfig",
@@ -423,6 +424,8 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
 
 def recipe_line(trial: TrialConfig) -> str:
     """The objective as resolved from the preset and the spec, the prompt, and EAD's decay over the run."""
+    from trainables.rollout.ead import ead_decay  # torch: only once the spec is valid
+
     algo, ro, ead = trial.algorithm, trial.rollout, trial.rollout.decoding.ead
     clip = "no clip" if algo.clip_low is None and algo.clip_high is None else f"clip {algo.clip_low}/{algo.clip_high}"
     norm = f" / {trial.loss_norm_len}" if algo.loss_agg == "seq-mean-token-sum-norm" else ""

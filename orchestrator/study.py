@@ -28,10 +28,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, field_validator
 
-from orchestrator import experiment
+from orchestrator.cli import ExperimentFailed, cli, later, parser
 from orchestrator.console import console
-from orchestrator.experiment import ExperimentFailed
-from orchestrator.report import pyplot, save
 from orchestrator.spec import (
     Section,
     SpecError,
@@ -43,12 +41,13 @@ from orchestrator.spec import (
     read_yaml,
     validate_trial,
 )
-from orchestrator.decisions import family_verdicts, pooled_sd
-from orchestrator.stats import (MAX_SEEDS, describe, paired_difference, seed_interval, seeds_needed, seeds_range,
-                               seeds_text, verdict)
-from orchestrator.tracking import tags_filter
 from trainables.config import TrialConfig
 from trainables.metrics import OBJECTIVE_NAMESPACES
+
+# The experiment's machinery (Ray Tune, MLflow, SciPy, matplotlib) loads once the spec has passed its checks.
+experiment = later("orchestrator.experiment")
+decisions, stats = later("orchestrator.decisions"), later("orchestrator.stats")
+tracking, report = later("orchestrator.tracking"), later("orchestrator.report")
 
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CURVES = ("policy/entropy", "rollout/response_length")
@@ -151,7 +150,7 @@ def run(spec: str, args) -> int:
 def seed_runs(exp, study: StudyConfig) -> dict[str, list]:
     """Each arm's runs in seed order, from MLflow."""
     client, tracker = exp.tracker.client, exp.tracker
-    runs = client.search_runs([tracker.experiment_id], tags_filter(sweep=exp.name, kind="trial"),
+    runs = client.search_runs([tracker.experiment_id], tracking.tags_filter(sweep=exp.name, kind="trial"),
                               max_results=10_000)
     by_arm = {name: sorted((r for r in runs if r.data.tags.get("arm") == name), key=lambda r: int(r.data.params["seed"]))
               for name in study.arms}
@@ -165,7 +164,7 @@ def band(histories: list[list[tuple[int, float]]]) -> dict[str, list[float]]:
     steps = sorted(set.intersection(*(set(s for s, _ in h) for h in histories))) if histories else []
     out = {"steps": steps, "mean": [], "ci_low": [], "ci_high": []}
     for step in steps:
-        interval = seed_interval([dict(h)[step] for h in histories])
+        interval = stats.seed_interval([dict(h)[step] for h in histories])
         out["mean"].append(interval.mean)
         out["ci_low"].append(interval.low)
         out["ci_high"].append(interval.high)
@@ -196,7 +195,7 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
         "seeds": [int(r.data.params["seed"]) for r in runs],
         "steps": steps,
         "states": [r.data.tags.get("state", "?") for r in runs],
-        "final": {k: {"values": v, **interval_dict(seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
+        "final": {k: {"values": v, **interval_dict(stats.seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
                   for k, v in final.items()},
         "validation_se": sum(x for x in se if x is not None) / max(1, sum(x is not None for x in se)),
         "curves": curves,
@@ -222,7 +221,7 @@ def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | N
     paired = {name: {key: (a["values"], first["final"][key]["values"]) for key, a in arms[name]["final"].items()
                      if key in first["final"] and len(a["values"]) == len(first["final"][key]["values"])}
               for name in names[1:] if name not in apart}
-    primary = family_verdicts({name: [x - y for x, y in zip(*pairs[metric])] for name, pairs in paired.items()
+    primary = decisions.family_verdicts({name: [x - y for x, y in zip(*pairs[metric])] for name, pairs in paired.items()
                                if metric in pairs}, margin=margin, mode=mode)
     out: dict[str, dict[str, dict]] = {name: {metric: {"verdict": "not compared", "role": "primary",
                                                        "line": f"{name} - {names[0]}: not compared: {why}"}}
@@ -230,15 +229,15 @@ def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | N
     for name, pairs in paired.items():
         rows = {}
         for key, (a, b) in pairs.items():
-            diff, diffs = paired_difference(a, b), [x - y for x, y in zip(a, b)]
+            diff, diffs = stats.paired_difference(a, b), [x - y for x, y in zip(a, b)]
             direction = mode if key in (metric, area_key(metric)) or PASS_AT.fullmatch(key) else "max"
-            row = {**interval_dict(diff), "seeds_needed": seeds_needed(diffs), "seeds_range": seeds_range(diffs)}
+            row = {**interval_dict(diff), "seeds_needed": stats.seeds_needed(diffs), "seeds_range": stats.seeds_range(diffs)}
             if key == metric:
                 row.update(primary[name], role="primary")
             else:
-                row.update(verdict=verdict(diff, direction), role="exploratory")
+                row.update(verdict=stats.verdict(diff, direction), role="exploratory")
             label = f"{name} - {names[0]}" + ("" if key == metric else f" ({key}, exploratory)")
-            row["line"] = describe(diff, row["verdict"], row["seeds_needed"], names[0], label, row["seeds_range"])
+            row["line"] = stats.describe(diff, row["verdict"], row["seeds_needed"], names[0], label, row["seeds_range"])
             rows[key] = row
         out[name] = rows
     return out
@@ -250,7 +249,7 @@ def collect(exp, study: StudyConfig) -> dict[str, Any]:
     arms = {name: {"overrides": study.arms[name], **arm_summary(exp.tracker.client, runs, study)}
             for name, runs in by_arm.items() if runs}
     finals = [arm["final"][study.metric]["values"] for arm in arms.values() if study.metric in arm["final"]]
-    sd, df = pooled_sd(finals)
+    sd, df = decisions.pooled_sd(finals)
     pooled = sd if df else None
     return {"name": exp.name, "metric": study.metric, "mode": study.mode, "seeds": study.seeds, "arms": arms,
             "differences": differences(arms, study.mode, study.metric, study.margin), "margin": study.margin,
@@ -292,7 +291,7 @@ def markdown(result: dict[str, Any]) -> str:
 def seeds_cell(needed: int | None, span) -> str:
     if needed is None:
         return "-"
-    return seeds_text(needed) + (f" [{span[0]}, {'unbounded' if span[1] >= MAX_SEEDS else span[1]}]" if span else "")
+    return stats.seeds_text(needed) + (f" [{span[0]}, {'unbounded' if span[1] >= stats.MAX_SEEDS else span[1]}]" if span else "")
 
 
 def fmt(row: dict | None) -> str:
@@ -311,7 +310,7 @@ def write(result: dict[str, Any], folder: Path) -> None:
 
 
 def plot_curves(result: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
+    plt = report.pyplot()
     keys = [k for k in (result["metric"], *CURVES) if any(k in a["curves"] for a in result["arms"].values())]
     fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(4.8 * max(1, len(keys)), 3.8), squeeze=False)
     for ax, key in zip(axes[0], keys):
@@ -325,11 +324,11 @@ def plot_curves(result: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{result['name']}: mean and 95% band over {result['seeds']} seeds")
-    save(fig, path)
+    report.save(fig, path)
 
 
 def plot_pass_at_k(result: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, arm in result["arms"].items():
         rows = sorted(((int(k.rsplit("_", 1)[1]), v) for k, v in arm["final"].items() if PASS_AT.fullmatch(k)))
@@ -345,14 +344,13 @@ def plot_pass_at_k(result: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title("pass@k, mean and 95% interval over seeds")
-    save(fig, path)
+    report.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = experiment.parser("python -m orchestrator.study", __doc__, "study",
-                               "search_spaces/studies/ead_vs_fixed.yaml", "arms")
-    parser.add_argument("--seeds", type=int, help="seeds per arm (default: study.seeds)")
-    return experiment.cli(run, parser, argv)
+    command = parser("python -m orchestrator.study", __doc__, "study", "search_spaces/studies/ead_vs_fixed.yaml", "arms")
+    command.add_argument("--seeds", type=int, help="seeds per arm (default: study.seeds)")
+    return cli(run, command, argv)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import yaml
-from ray import tune
 from rich.table import Table
 
-from orchestrator import experiment
+from orchestrator.cli import ExperimentFailed, cli, later, parser
 from orchestrator.console import console, number_table
-from orchestrator.experiment import ConfigSummary, Experiment, ExperimentFailed
-from orchestrator.launch import BEST_SPEC
-from orchestrator.spec import SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
+from orchestrator.spec import BEST_SPEC, SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
 from trainables.config import TrialConfig
+
+if TYPE_CHECKING:
+    from orchestrator.experiment import ConfigSummary, Experiment
+
+# Ray Tune and the experiment's machinery (MLflow, torch) load once the spec has passed its checks.
+tune = later("ray.tune")
+experiment = later("orchestrator.experiment")
 
 
 def optuna_space(search: SearchConfig) -> tuple[dict, dict[str, Any]]:
@@ -313,11 +319,10 @@ def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], fi
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = experiment.parser("python -m orchestrator.sweep", __doc__, "search", "search_spaces/ead.yaml",
-                               "configurations")
-    parser.add_argument("--num-samples", type=int, help="configurations (default: search.num_samples)")
-    parser.add_argument("--seeds", type=int, help="seeds per configuration (default: search.seeds)")
-    return experiment.cli(run, parser, argv)
+    command = parser("python -m orchestrator.sweep", __doc__, "search", "search_spaces/ead.yaml", "configurations")
+    command.add_argument("--num-samples", type=int, help="configurations (default: search.num_samples)")
+    command.add_argument("--seeds", type=int, help="seeds per configuration (default: search.seeds)")
+    return cli(run, command, argv)
 
 
 if __name__ == "__main__":

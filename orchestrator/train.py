@@ -16,22 +16,26 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
 from rich.table import Table
 
+from orchestrator.cli import later
 from orchestrator.console import console, number_table
 from orchestrator.lease import Lease, check_settings, release_all
-from orchestrator.launch import (BEST_SPEC, check_shared_storage, fit_trial, init_ray, load_offline, logical_cpus,
-                                 storage_uri)
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
-from orchestrator.spec import SpecError, derived_numbers, load_trial_spec
-from orchestrator.tracking import Tracker, default_tracking_uri
+from orchestrator.spec import BEST_SPEC, SpecError, derived_numbers, load_trial_spec
 from trainables.config import TrialConfig
-from trainables.data.models import resolve_model_path
 from trainables.errors import stated
 from trainables.metrics import SUMMARY_NAMESPACES
+
+if TYPE_CHECKING:
+    from orchestrator.tracking import Tracker
+
+# Ray, MLflow and the model's libraries load once the spec has passed its checks.
+launch, tracking, models = later("orchestrator.launch"), later("orchestrator.tracking"), later("trainables.data.models")
 
 
 def summary_table(metrics: dict[str, float], title: str) -> Table:
@@ -46,28 +50,28 @@ def summary_table(metrics: dict[str, float], title: str) -> Table:
 def check_fresh(cfg: TrialConfig, resume: bool) -> None:
     """Ray Train continues a run found under the same (storage, name): only do that when asked. A
     storage URI is looked at as a local folder is."""
-    fs, path = pyarrow.fs.FileSystem.from_uri(storage_uri(cfg.storage))
+    fs, path = pyarrow.fs.FileSystem.from_uri(launch.storage_uri(cfg.storage))
     folder = f"{path.rstrip('/')}/{cfg.name}"
     if not resume and fs.get_file_info(folder).type != pyarrow.fs.FileType.NotFound:
-        raise SpecError(f"name: a run named {cfg.name!r} already exists in {storage_uri(cfg.storage)}; pass "
+        raise SpecError(f"name: a run named {cfg.name!r} already exists in {launch.storage_uri(cfg.storage)}; pass "
                         f"--resume to continue it, or --set name=NEW for a new run")
 
 
 def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str, float]:
     """Run (or with `resume` continue) the trial; its final metrics, with progress/preempted = 1 when
     it stopped early for a resume."""
-    cfg.storage = storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
+    cfg.storage = launch.storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
     check_fresh(cfg, resume)
     Lease(f"{cfg.storage}/{cfg.name}").acquire(f"trial {cfg.name!r} in {cfg.storage}")
     check_settings(f"{cfg.storage}/{cfg.name}", {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
-    model_path = resolve_model_path(cfg.model, cfg.cache_dir)
+    model_path = models.resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
-    store = load_offline(cfg, model_path)
+    store = launch.load_offline(cfg, model_path)
     started_at = time.time()  # start-up: Ray, the engines, the worker group, DeepSpeed
-    init_ray(logical_cpus(cfg))
-    check_shared_storage(cfg.storage)
-    uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.storage)
-    tracker = Tracker(uri, cfg.logging.experiment)
+    launch.init_ray(launch.logical_cpus(cfg))
+    launch.check_shared_storage(cfg.storage)
+    uri = cfg.logging.tracking_uri or tracking.default_tracking_uri(cfg.storage)
+    tracker = tracking.Tracker(uri, cfg.logging.experiment)
     run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"}, resume=resume)
     state = "errored"
     try:  # the run is closed on every way out: finished, stopped, errored, Ctrl-C
@@ -78,7 +82,7 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
         stop.clear()
         stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
         start = time.perf_counter()
-        result = fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store,
+        result = launch.fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store,
                            stop_file=stop.uri, started_at=started_at)
         if result.error:
             raise result.error

@@ -295,3 +295,23 @@ def test_json_nested_deeper_than_the_stack(capsys, tmp_path):
     load_trial_spec(EAD, [f"validation.benchmarks={{math500: {mixed}}}", f"storage={tmp_path}"])  # accepted
     problems, skipped = load_benchmark("math500", mixed, limit=10, seed=0)
     assert [p.answer for p in problems] == ["2"] and sum(skipped.values()) == 1
+
+
+HEAVY = ("torch", "transformers", "ray", "mlflow", "deepspeed", "scipy", "vllm")
+
+
+@pytest.mark.parametrize("module, args", [
+    ("train", [EAD, "--set", "learner.stepz=1"]), ("sweep", [EAD, "--set", "learner.steps=true"]),
+    ("study", ["search_spaces/studies/ead_vs_fixed.yaml", "--set", "seed=-1"]),
+    ("evaluate", ["tiny", "--samples", "0"]),
+])
+def test_a_refusal_comes_before_any_heavy_library_loads(module, args):
+    """The edge is light: a bad input is refused before torch, Ray, MLflow or SciPy is imported (their
+    imports are most of a command's first seconds)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; from orchestrator import {module}; rc = {module}.main({args!r}); "
+            f"print(rc, [m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "2 []", out.stdout + out.stderr

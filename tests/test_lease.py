@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator import experiment, sweep, train
+from orchestrator import experiment, launch, sweep, train
 from orchestrator.lease import LEASE_FILE, Lease
 from orchestrator.spec import SpecError
 
@@ -36,7 +36,7 @@ def test_a_second_command_of_the_same_name_is_refused(holder, tmp_path, capsys, 
         raise AssertionError("the second command went on")
 
     monkeypatch.setattr(experiment, "init_ray", started)
-    monkeypatch.setattr(train, "fit_trial", started)
+    monkeypatch.setattr(launch, "fit_trial", started)
     for main, args in ((sweep.main, ["search_spaces/ead.yaml", "--storage", str(tmp_path)]),
                        (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead",
                                      "--resume"])):

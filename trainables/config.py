@@ -15,13 +15,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BUILTIN, BenchmarkError, check_name
-from trainables.data.models import MODEL_PRESETS, TINY_PRESET
 from trainables.data.prompts import TEMPLATES
-from trainables.losses import AGGREGATIONS, TIS_LEVELS
 from trainables.metrics import OBJECTIVE_NAMESPACES
-from trainables.rollout.ead import SCHEDULES
-from trainables.rollout.push import WEIGHT_PUSHES
-from trainables.rollout.service import ENGINES
+from trainables.names import (AGGREGATIONS, ENGINES, MODEL_PRESETS, SCHEDULES, TINY_PRESET, TIS_LEVELS,
+                              WEIGHT_PUSHES)
 from trainables.rollout.types import SamplingSpec
 
 LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry

@@ -26,7 +26,7 @@ from trainables.checkpoint import allow_deepspeed_records
 from trainables.config import TrialConfig
 from trainables.logprobs import token_logprobs
 from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective, tis_weights
-from trainables.rollout.types import RolloutBatch, pad_right
+from trainables.rollout.types import RolloutBatch
 
 
 @dataclass
@@ -55,6 +55,15 @@ class RLUpdate:
     advantages: torch.Tensor  # [B]
     tis: torch.Tensor  # [B, T] truncated importance weights
     stats: dict[str, float]  # the update's per-rank sums (`Learner.update`)
+
+
+def pad_right(rows: list[list[float]] | list[list[int]], value: float, dtype: torch.dtype) -> torch.Tensor:
+    """Ragged rows -> [B, max_len] tensor padded with value."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
 
 
 def build_train_batch(rollouts: RolloutBatch, pad_id: int, taus: tuple[float, ...] | None = None) -> TrainBatch:

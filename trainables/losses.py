@@ -11,6 +11,9 @@ from typing import Protocol
 
 import torch
 
+from trainables import names
+from trainables.names import same_names
+
 MAX_LOG_RATIO = 20.0  # log-ratios are clamped to +-20 (as verl) so exp() cannot overflow to inf/NaN grads
 
 
@@ -39,6 +42,7 @@ def _sequence_log_weights(log_w: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 
 
 TIS_LEVELS = {"token": _token_log_weights, "sequence": _sequence_log_weights}  # rollout.tis_level
+same_names(TIS_LEVELS, names.TIS_LEVELS, "TIS levels")
 
 
 def tis_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, cap: float | None, *,
@@ -196,6 +200,7 @@ AGGREGATIONS: dict[str, Aggregation] = {
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
+same_names(AGGREGATIONS, names.AGGREGATIONS, "loss aggregations")
 
 
 def aggregate_loss(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from trainables.rewards.verify import REASONS
+from trainables.names import REASONS
 
 OBJECTIVE_NAMESPACES = ("val/", "rollout/", "policy/", "oger/", "offline/", "tis/")  # what can rank trials
 SUMMARY_NAMESPACES = (*OBJECTIVE_NAMESPACES, "timing/")  # what a trial's final table shows

@@ -10,7 +10,7 @@ import torch
 
 from trainables.advantages import zero_std_fraction
 from trainables.errors import NonFiniteError
-from trainables.rewards.verify import REASONS
+from trainables.names import REASONS
 from trainables.rollout.types import RolloutBatch
 
 WATCHED = ("policy/grad_norm", "policy/entropy", "policy/kl", "rollout/reward_mean")  # finite at every step

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from trainables.data.arithmetic import LEVELS, SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset, teacher_solution
 from trainables.data.cache import build_once
 from trainables.data.prompts import prompt_ids
+from trainables.names import TINY_MAX_POSITIONS
 
 
 BOOTSTRAP_VERSION = 6  # bump when the recipe below changes, so stale caches are not reused
@@ -32,7 +33,6 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-MAX_POSITIONS = 512
 # Warm-start sequences are cut after this many response tokens: an over-long solution is learned as
 # rambling past any sensible max_new_tokens, and the batch stays short enough to train fast.
 SFT_MAX_RESPONSE_TOKENS = 96
@@ -85,7 +85,7 @@ def build_model(cfg, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForC
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=TINY_MAX_POSITIONS,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

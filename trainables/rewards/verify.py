@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-REASONS = ("correct", "wrong", "no_think", "no_boxed", "parse_error", "timeout")
+from trainables.names import REASONS
+
 TIMEOUT_SECONDS = 5  # per parse / per comparison, main thread only (signal.alarm takes whole seconds)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _BOXED = re.compile(r"\\boxed\s*\{")

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from trainables import names
+from trainables.names import same_names
 
 DECAY_PER_STEP = 5  # d_s grows by 5 per RL step (EAD official code)
 MAX_DECAY = 40000  # cap of d_s
@@ -100,24 +102,12 @@ class TemperatureSchedule(Protocol):
     def __call__(self, positions: torch.Tensor, step: int, **params: float) -> torch.Tensor: ...
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """A schedule of SCHEDULES: its tau_t (called as the schedule itself), and what the config asks of it."""
-
-    temperatures: TemperatureSchedule
-    params_field: str  # the decoding section's field holding its keyword arguments: a section, or the one number
-    logprob_temperature: str | float  # the learner's temperature by default: "rollout" (tau_t) or 1.0
-
-    def __call__(self, positions: torch.Tensor, step: int, **params: float) -> torch.Tensor:
-        return self.temperatures(positions, step, **params)
-
-
-SCHEDULES: dict[str, Schedule] = {
-    # EAD: the learner at T = 1, truncated importance sampling correcting the annealed sampler.
-    "ead": Schedule(ead_temperatures, params_field="ead", logprob_temperature=1.0),
-    # A fixed T: on-policy when the learner divides its logits by the same T.
-    "fixed": Schedule(fixed_temperatures, params_field="temperature", logprob_temperature="rollout"),
+# rollout.decoding.schedule -> tau_t; what the config asks of each is in trainables.names.SCHEDULES.
+SCHEDULES: dict[str, TemperatureSchedule] = {
+    "ead": ead_temperatures,  # EAD: the learner at T = 1, truncated importance sampling correcting the annealed sampler
+    "fixed": fixed_temperatures,  # a fixed T: on-policy when the learner divides its logits by the same T
 }
+same_names(SCHEDULES, names.SCHEDULES, "temperature schedules")
 
 
 def tau_table(schedule: str, params: dict[str, float], step: int, max_tokens: int) -> tuple[float, ...]:

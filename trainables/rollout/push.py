@@ -21,6 +21,8 @@ import ray
 import torch
 import torch.distributed as dist
 
+from trainables import names
+from trainables.names import same_names
 from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, broadcast_errors, describe, free_port,
                                             gloo_group, ipc_handles, ipc_update_info, nccl_init_info, send_buckets,
                                             tensor_list)
@@ -225,6 +227,7 @@ WEIGHT_PUSHES: dict[str, Transfer] = {
     "nccl": Transfer(NcclPush, on_gpu=True, engine_transfer=True),
     "ipc": Transfer(IpcPush, on_gpu=True, engine_transfer=True),
 }
+same_names(WEIGHT_PUSHES, names.WEIGHT_PUSHES, "weight transfers")
 
 
 def weight_push(engines: list, cfg) -> WeightPush:

@@ -24,6 +24,8 @@ from typing import Any
 
 import ray
 
+from trainables import names
+from trainables.names import same_names
 from trainables.rollout.push import WEIGHT_PUSHES
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import (TensorMeta, WeightGroupError, broadcast_errors, gloo_group,
@@ -60,6 +62,7 @@ ENGINES: dict[str, Callable[[Any, str | Path], Any]] = {
     "hf": _hf_engine,
     "vllm": _vllm_engine,
 }
+same_names(ENGINES, names.ENGINES, "rollout engines")
 
 
 def make_engine(cfg, model_path: str | Path):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 FINISH_REASONS = ("stop", "length")
 
 
@@ -47,12 +45,3 @@ class RolloutBatch:
 
     def prompt_of(self, row: int) -> list[int]:
         return self.prompt_ids[row // self.n]
-
-
-def pad_right(rows: list[list[float]] | list[list[int]], value: float, dtype: torch.dtype) -> torch.Tensor:
-    """Ragged rows -> [B, max_len] tensor padded with value."""
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
-    return out
