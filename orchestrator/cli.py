@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.console import console
 from orchestrator.inputs import SpecError
+from orchestrator.spec import MAX_CONFIGURATIONS, MAX_SEEDS_PER_CONFIG
 
 
 class ExperimentFailed(RuntimeError):
@@ -52,9 +53,10 @@ def cli(run, parser_: argparse.ArgumentParser, argv: list[str] | None) -> int:
     """Parse, run, and turn bad input into one line and exit code 2."""
     args = parser_.parse_args(argv)
     try:
-        for flag in ("max_concurrent", "seeds", "num_samples"):
-            if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
-                raise SpecError(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
+        for flag, most in (("max_concurrent", MAX_CONFIGURATIONS), ("seeds", MAX_SEEDS_PER_CONFIG),
+                           ("num_samples", MAX_CONFIGURATIONS)):
+            if getattr(args, flag, None) is not None and not 1 <= getattr(args, flag) <= most:
+                raise SpecError(f"--{flag.replace('_', '-')} must be between 1 and {most} (got {getattr(args, flag)})")
         return run(args.spec, args)
     except BaseException as e:  # the experiment's MLflow run never stays "running" after its command ended
         if (experiment := sys.modules.get("orchestrator.experiment")) is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator, model_validator
@@ -37,6 +37,11 @@ from orchestrator.preflight import PROMPT_TOKENS, memory_report, model_positions
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
 
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
+# Counts that expand into runs, threads and Ray actors: bounded before anything is made.
+MAX_SEEDS_PER_CONFIG = 64  # seeds of one configuration or arm (they train side by side), and confirmation pairs
+MAX_CONFIGURATIONS = 10_000  # configurations of a sweep, and those running at once
+Seeds = Annotated[int, Field(ge=1, le=MAX_SEEDS_PER_CONFIG)]
+Configurations = Annotated[int, Field(ge=1, le=MAX_CONFIGURATIONS)]
 
 __all__ = [
     "AlgorithmConfig",
@@ -282,9 +287,9 @@ class SamplerConfig(Section):
 class ConfirmConfig(Section):
     """Confirmation: the winner and the baseline on fresh seeds, a group-sequential paired test."""
 
-    seeds: PositiveInt = Field(3, description="Seed pairs at the first look.")
-    add: PositiveInt = Field(3, description="Seed pairs added at each further look.")
-    max_seeds: PositiveInt = Field(6, description="Seed pairs at the last look: inconclusive there if undecided.")
+    seeds: Seeds = Field(3, description="Seed pairs at the first look.")
+    add: Seeds = Field(3, description="Seed pairs added at each further look.")
+    max_seeds: Seeds = Field(6, description="Seed pairs at the last look: inconclusive there if undecided.")
     margin: PositiveFloat | None = Field(None, description="Equivalence margin in the objective's units (TOST): "
                                          "`equivalent within +-margin`; none: no equivalence verdict.")
     alpha: float = Field(0.05, gt=0, lt=0.5, description="Family-wise error of the sequential test, over all looks.")
@@ -309,8 +314,8 @@ class SearchConfig(Section):
     mode: Literal["max", "min"] = Field("max")
     second_metric: str | None = Field(None, description="A second objective: Optuna's multi-objective search.")
     second_mode: Literal["max", "min"] = Field("max")
-    num_samples: PositiveInt = Field(4, description="Trials.")
-    max_concurrent_trials: int = Field(1, description="Trials running at once (each is a Ray Train group).")
+    num_samples: Configurations = Field(4, description="Trials.")
+    max_concurrent_trials: Configurations = Field(1, description="Trials running at once (each is a Ray Train group).")
     seed: Seed = Field(0, description="Seeds Optuna's sampler.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
@@ -322,7 +327,7 @@ class SearchConfig(Section):
     final: dict[str, Any] = Field(
         default_factory=dict, description="Dotted trial field -> value for the final model, applied over the "
         "best trial's settings in best_trial.yaml (`train --best-of`): longer, more learner workers, GPUs.")
-    seeds: PositiveInt = Field(
+    seeds: Seeds = Field(
         1, description="Seeds per configuration (the spec's seed + 0, 1, ...), trained side by side in one Tune "
         "trial: the searcher and the scheduler see their mean; every number comes with a 95% interval over them.")
     baseline: dict[str, Any] | None = Field(
@@ -347,8 +352,6 @@ class SearchConfig(Section):
                                      f"{self.space[key].model_dump(exclude_none=True)}")
         if not self.space:
             raise ValueError("space is empty: name at least one trial field, e.g. rollout.decoding.ead.tau_max")
-        if self.max_concurrent_trials < 1:
-            raise ValueError(f"max_concurrent_trials must be >= 1 (got {self.max_concurrent_trials})")
         for metric in filter(None, (self.metric, self.second_metric)):
             if not metric.startswith(OBJECTIVE_NAMESPACES):
                 raise ValueError(f"metric {metric!r} is not a trial metric; use one of the names in README.md "

@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, field_validator
+from pydantic import Field, PositiveFloat, ValidationError, field_validator
 
 from orchestrator.cli import ExperimentFailed, cli, later, parser
 from orchestrator.console import console
 from orchestrator.spec import (
+    Configurations,
+    Seeds,
     Section,
     SpecError,
     absolute_paths,
@@ -59,13 +61,13 @@ class StudyConfig(Section):
 
     arms: dict[str, dict[str, Any]] = Field(description="Arm name -> dotted trial field overrides; the first arm "
                                             "is the reference the others are compared with.")
-    seeds: PositiveInt = Field(3, description="Seeds per arm (the spec's seed + 0, 1, ...).")
+    seeds: Seeds = Field(3, description="Seeds per arm (the spec's seed + 0, 1, ...).")
     metric: str = Field("val/accuracy", description="The primary metric: reported at the end and against step; "
                         "its verdicts over arms are Holm-adjusted. Every other metric is exploratory.")
     mode: Literal["max", "min"] = Field("max")
     margin: PositiveFloat | None = Field(None, description="Equivalence margin on the primary metric (TOST, "
                                          "Holm-adjusted): `equivalent within +-margin`; none: no equivalence verdict.")
-    max_concurrent: PositiveInt = Field(1, description="Arms running at once (each runs its seeds side by side).")
+    max_concurrent: Configurations = Field(1, description="Arms running at once (each runs its seeds side by side).")
 
     @field_validator("arms")
     @classmethod

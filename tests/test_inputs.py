@@ -315,3 +315,13 @@ def test_a_refusal_comes_before_any_heavy_library_loads(module, args):
             f"print(rc, [m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "2 []", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("main, args, named", [
+    (sweep.main, [EAD, "--seeds", "100000"], "--seeds"), (sweep.main, [EAD, "--num-samples", "10000000"], "--num-samples"),
+    (study.main, ["search_spaces/studies/ead_vs_fixed.yaml", "--seeds", "5000"], "--seeds"),
+    (sweep.main, [EAD, "--set", "search.seeds=1000"], "search: seeds"),
+    (sweep.main, [EAD, "--set", "search.confirm={seeds: 3, add: 3, max_seeds: 100000}"], "max_seeds"),
+])
+def test_counts_that_expand_into_runs_are_bounded(capsys, tmp_path, main, args, named):
+    refused(capsys, main, [*args, "--storage", str(tmp_path)], named)

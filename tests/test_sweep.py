@@ -35,7 +35,7 @@ def spec_with(tmp_path, search: str):
 @pytest.mark.parametrize("search, expected", [
     ("search: {space: {rollout.decoding.ead.tau_maxx: {uniform: [1, 2]}}}\n", "search.space.rollout.decoding.ead.tau_maxx"),
     ("search: {space: {}}\n", "space is empty"),
-    ("search: {max_concurrent_trials: 0, space: {learner.lr: {value: 0.001}}}\n", "max_concurrent_trials must be >= 1"),
+    ("search: {max_concurrent_trials: 0, space: {learner.lr: {value: 0.001}}}\n", "max_concurrent_trials: Input should be greater than or equal to 1"),
     ("search: {metric: accuracy, space: {learner.lr: {value: 0.001}}}\n", "metric 'accuracy' is not a trial metric"),
     ("search: {space: {learner.lr: {uniform: [2, 1]}}}\n", "low < high"),
     ("search: {space: {rollout.group_size: {int: [1, 4]}}}\n", "search.space.rollout.group_size: 1 does not make a valid trial"),
