@@ -237,6 +237,8 @@ KILL_POINTS = {
     "second_trial_mid_run": lambda storage: logged_steps(storage)[1:2] >= [3] and committed(storage)[1:2] >= [1],
     # the first configuration's last step checkpointed and committed, before Tune records the trial's end
     "first_trial_after_its_last_step": lambda storage: finished_runs(storage, 5) >= 1,
+    # between configurations: the second one's MLflow run open, its start-up under way, no step yet
+    "between_configurations": lambda storage: len(logged_steps(storage)) >= 2 and logged_steps(storage)[1] == 0,
 }
 
 
