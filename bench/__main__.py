@@ -11,6 +11,7 @@ noise), checked against its target, printed as one table and written as JSON:
            broadcast over the push through Ray's object store;
   trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
            wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios;
+           and how soon a command refuses a bad spec (a fresh process, median of three);
   learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
            response token over one fp32 logits row at V = 151,936, and update tokens/s;
   decisions the sweep's decision procedure on simulated configurations of known truth (bench/decisions.py):
@@ -40,6 +41,7 @@ ALGORITHMS = ("grpo", "luffy", "oger")
 TARGETS: dict[str, tuple[str, float] | None] = {
     "orchestration overhead (steady wall / compute)": ("<=", 1.05),
     "trial start-up (s)": ("<=", 30.0),
+    "bad input refused, from the command's start (s)": ("<=", 2.0),
     "step time oger / luffy": ("<=", 1.10),
     "step time luffy / grpo": None,
     "step time oger / grpo": None,
@@ -148,6 +150,21 @@ def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     return rows, {"hf": hf, "vllm": vllm}
 
 
+def refusal_seconds(spec: str, repeats: int = 3) -> float:
+    """Median seconds from starting `python -m orchestrator.train SPEC` with an unknown key to its exit."""
+    import statistics
+    import subprocess
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "orchestrator.train", spec, "--set", "learner.no_such_key=1"],
+                              capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        assert done.returncode == 2, done.stdout + done.stderr
+    return statistics.median(times)
+
+
 def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tuple[dict, dict]:
     from bench.trials import algorithm_ratios
 
@@ -156,6 +173,7 @@ def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tu
     main = figures[ALGORITHMS[0]]
     rows = {"orchestration overhead (steady wall / compute)": main["overhead"],
             "trial start-up (s)": main["startup_s"],
+            "bad input refused, from the command's start (s)": refusal_seconds(spec),
             **{f"step time {key}": value for key, value in ratios.items()},
             "weight sync / step": main["sync_share_of_step"],
             "checkpoint / its interval": main["checkpoint_share_of_interval"],
