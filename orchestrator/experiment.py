@@ -25,7 +25,8 @@ from orchestrator.inputs import check_folder_path, check_name, check_tracking_ur
 from orchestrator.lease import Lease, check_settings
 from orchestrator.launch import check_shared_storage, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
-from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ran_to_end, seed_configs, seed_name
+from orchestrator.scheduler import pruned_at
+from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, outcome, ran_to_end, seed_configs, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, seeds_range, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
@@ -231,11 +232,15 @@ class TrialStates(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
-        step = int(result.get("progress/step", 0))
-        done = ran_to_end(result)
-        self._close(trial, "finished" if done else "pruned")
-        self._say(trial, f"{'finished' if done else f'pruned by the scheduler at step {step}'}: "
-                         f"{self._objective(result)}")
+        uri = self.study[1] if getattr(self, "study", None) else None
+        pruned = pruned_at(uri, trial.trial_id)
+        seeds = [] if ran_to_end(result) or pruned is not None else [
+            (done, last) for done, last, _ in self.tracker.config_seeds(self.sweep, trial.trial_id, self.metric) or []]
+        state = outcome(result, pruned, seeds)
+        self._close(trial, state)
+        said = {"finished": "finished", "pruned": f"pruned by the scheduler at step {pruned}",
+                "errored": "ended short of its last step with no scheduler decision"}[state]
+        self._say(trial, f"{said}: {self._objective(result)}" if result else said)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._close(trial, "errored")
@@ -338,19 +343,34 @@ class ConfigSummary:
     metrics: dict[str, float]
 
 
-def summarize(results, metric: str, keys: list[str]) -> list[ConfigSummary]:
-    """Every configuration of a ResultGrid, in the order Tune made them."""
+def summarize(results, metric: str, keys: list[str], exp: Experiment | None = None) -> list[ConfigSummary]:
+    """Every configuration of a ResultGrid, in the order Tune made them. With `exp`, a configuration whose
+    last report Tune lost is read from durable records (`seeds.outcome`): its seeds' MLflow runs."""
     out = []
     for r in results:
-        m = dict(r.metrics or {})
-        state = "errored" if r.error else ("finished" if ran_to_end(m) else "pruned")
+        m, config_id = dict(r.metrics or {}), trial_id_of(r)
         values = [m[k] for k in sorted((k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
                                        key=lambda k: int(k.split("/")[1]))]
+        steps, state = int(m.get("progress/step", 0)), "errored" if r.error else "finished"
+        if not r.error and not ran_to_end(m):
+            pruned = pruned_at(exp.uri, config_id) if exp else None
+            seeds = (exp.tracker.config_seeds(exp.name, config_id, metric) or []) if exp and pruned is None else []
+            state = outcome(m, pruned, [(done, last) for done, last, _ in seeds])
+            if state == "finished":
+                values, steps = [v for _, _, v in seeds], seeds[0][1]
         se = m.get(SE_KEY)
-        out.append(ConfigSummary(m.get("trial_id") or r.path.rsplit("/", 1)[-1], {k: r.config.get(k) for k in keys},
-                                 state, int(m.get("progress/step", 0)), values,
+        values = [v for v in values if v is not None]
+        out.append(ConfigSummary(config_id, {k: r.config.get(k) for k in keys}, state, steps, values,
                                  seed_interval(values, se) if values else None, se, m))
     return out
+
+
+def trial_id_of(result) -> str:
+    """A Tune result's trial id: reported with every result, else from its folder (`trainable_<id>_<n>_...`)."""
+    if (result.metrics or {}).get("trial_id"):
+        return result.metrics["trial_id"]
+    name = result.path.rstrip("/").rsplit("/", 1)[-1]
+    return name.split("_")[1] if name.startswith("trainable_") else name
 
 
 def log_config_metrics(exp: Experiment, summaries: list[ConfigSummary], metric: str) -> None:

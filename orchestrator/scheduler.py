@@ -5,16 +5,45 @@ of the objective (`seeds/<r>/<metric>`, from the validation at or after the rung
 those of every configuration that reached the rung before it; `decisions.prune` stops it only when its
 upper bound lies below the best lower bound there. Rung records are plain data: Tune saves the
 scheduler with the experiment, and a resumed sweep goes on with them.
+
+Every stop either scheduler decides is written first to `<experiment>/pruned/<trial id>.json`
+(`record_pruned`): a configuration is `pruned` in MLflow, Optuna and the report only where that
+durable record says so, never because its last result is missing (a driver killed in between).
 """
 
 from __future__ import annotations
 
+import json
 import re
 
-from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+import pyarrow.fs
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from orchestrator.decisions import prune
 from trainables.config import VAL_STEP
+
+
+PRUNED_FOLDER = "pruned"
+
+
+def record_pruned(uri: str, trial_id: str, step: int) -> None:
+    """The scheduler stopped `trial_id` at RL step `step`: said durably, before Tune acts on it."""
+    fs, path = pyarrow.fs.FileSystem.from_uri(f"{uri.rstrip('/')}/{PRUNED_FOLDER}/{trial_id}.json")
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps({"step": int(step)}).encode())
+
+
+def pruned_at(uri: str | None, trial_id: str) -> int | None:
+    """The RL step the scheduler stopped `trial_id` at, from its durable record; None if it never did."""
+    if not uri:
+        return None
+    try:
+        fs, path = pyarrow.fs.FileSystem.from_uri(f"{uri.rstrip('/')}/{PRUNED_FOLDER}/{trial_id}.json")
+        with fs.open_input_stream(path) as f:
+            return int(json.loads(f.read())["step"])
+    except (OSError, ValueError, KeyError, TypeError):  # FileNotFoundError is an OSError
+        return None
 
 
 def rungs(grace_period: int, reduction_factor: float, max_t: int) -> list[int]:
@@ -37,9 +66,11 @@ def seed_values(result: dict, metric: str) -> list[float]:
 class IntervalRungs(FIFOScheduler):
     """Stops a configuration at a rung only when its interval lies wholly below the rung's best."""
 
-    def __init__(self, milestones: list[int], level: float = 0.95, time_attr: str = "progress/step"):
+    def __init__(self, milestones: list[int], level: float = 0.95, time_attr: str = "progress/step",
+                 record_to: str | None = None):
         super().__init__()
         self.milestones, self.level, self.time_attr = list(milestones), level, time_attr
+        self.record_to = record_to  # the experiment's folder or URI: where each stop is recorded
         self.rungs: dict[int, dict[str, list[float]]] = {m: {} for m in self.milestones}
         self.stopped: dict[str, int] = {}  # trial id -> the rung that stopped it
 
@@ -65,8 +96,24 @@ class IntervalRungs(FIFOScheduler):
             rung[trial_id] = values
             if prune(values, others, self.level, self._mode or "max"):
                 self.stopped[trial_id] = milestone
+                if self.record_to:
+                    record_pruned(self.record_to, trial_id, step)
                 return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
 
     def debug_string(self) -> str:
         return f"IntervalRungs: rungs {self.milestones}, {len(self.stopped)} stopped"
+
+
+class RecordedASHA(ASHAScheduler):
+    """Ray's ASHA, each stop recorded durably (`record_pruned`) before Tune acts on it."""
+
+    def __init__(self, *args, record_to: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.record_to = record_to
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.STOP and self.record_to:
+            record_pruned(self.record_to, trial.trial_id, result.get(self._time_attr, 0))
+        return decision

@@ -2,8 +2,10 @@
 
 Ray's `OptunaSearch` keys intermediate values by Tune's report count and tells a trial that a
 scheduler stopped `COMPLETE`, with its last (early) value as if final. Here intermediate values are
-keyed by the RL step of the validation they come from (step 0: the base policy), a trial stopped
-before the last step is `PRUNED`, and each Optuna trial carries the Tune trial id and the MLflow runs
+keyed by the RL step of the validation they come from (step 0: the base policy), a trial the scheduler
+stopped (its durable record, `scheduler.record_pruned`) is `PRUNED`, a trial whose last report was lost
+takes its value from its seeds' own MLflow records, and each Optuna trial carries the Tune trial id and
+the MLflow runs
 recording it, so the dashboard, the report and MLflow say the same thing about every trial. A
 proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever.
 """
@@ -15,7 +17,8 @@ import warnings
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
-from orchestrator.seeds import ran_to_end
+from orchestrator.scheduler import pruned_at
+from orchestrator.seeds import outcome, ran_to_end
 from trainables.config import VAL_STEP
 
 
@@ -77,16 +80,35 @@ class StepOptunaSearch(OptunaSearch):
         ot_trial.set_user_attr("tune_trial_id", trial_id)
         if run_ids := self._run_ids(trial_id):
             ot_trial.set_user_attr("mlflow_run_ids", run_ids)
-        if error or (result and not ran_to_end(result)):
-            if not error:
-                ot_trial.set_user_attr("pruned_at_step", int(result.get("progress/step", 0)))
-            self._ot_study.tell(ot_trial, state=TrialState.FAIL if error else TrialState.PRUNED)
-            self._completed_trials.add(trial_id)
-            return None
-        return super().on_trial_complete(trial_id, result, error)
+        if not error and ran_to_end(result or {}):
+            return super().on_trial_complete(trial_id, result, error)
+        state, value = "errored", None
+        if not error:  # ended short: pruned only where the scheduler's record says so
+            pruned = pruned_at(self.tracking.get("storage"), trial_id)
+            seeds = self._seeds(trial_id) if pruned is None and isinstance(self.metric, str) else []
+            state = outcome(result or {}, pruned, [(done, last) for done, last, _ in seeds])
+            values = [v for _, _, v in seeds]
+            if state == "finished" and values and None not in values:  # its last report was lost
+                value = sum(values) / len(values)  # the seeds' own records stand for it
+            elif state == "pruned":
+                ot_trial.set_user_attr("pruned_at_step", pruned)
+        if value is not None:
+            return super().on_trial_complete(trial_id, {**(result or {}), self.metric: value})
+        self._ot_study.tell(ot_trial, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL)
+        self._completed_trials.add(trial_id)
+        return None
+
+    def _seeds(self, trial_id: str) -> list[tuple[int, int, float | None]]:
+        """(RL steps logged, learner.steps, latest objective) of each of the configuration's seed runs."""
+        if "uri" not in self.tracking:
+            return []
+        from orchestrator.tracking import Tracker
+
+        tracker = Tracker(self.tracking["uri"], self.tracking["experiment"], retry_waits_s=(1,))
+        return tracker.config_seeds(self.tracking["sweep"], trial_id, self.metric) or []
 
     def _run_ids(self, trial_id: str) -> list[str]:
-        if not self.tracking:
+        if "uri" not in self.tracking:
             return []
         from orchestrator.tracking import Tracker
 

@@ -38,6 +38,17 @@ def ran_to_end(result: dict) -> bool:
     return result.get("progress/step", 0) >= result.get(HORIZON_KEY, math.inf)
 
 
+def outcome(result: dict, pruned_step: int | None, seeds: list[tuple[int, int]]) -> str:
+    """How a configuration ended, from durable records, never from an absence: `finished` when its last
+    report reached the last step, or every seed's own MLflow record did (`seeds`: (RL steps logged,
+    learner.steps) each; a driver killed between a trial's last step and Tune's record of it loses
+    that report); `pruned` only when the scheduler's record says so; otherwise `errored`: it ended
+    short with no decision."""
+    if ran_to_end(result) or (seeds and all(done >= last > 0 for done, last in seeds)):
+        return "finished"
+    return "pruned" if pruned_step is not None else "errored"
+
+
 def seed_name(config_id: str, seed: int) -> str:
     return f"{config_id}_seed{seed}"
 

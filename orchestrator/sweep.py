@@ -99,20 +99,19 @@ def make_searcher(search: SearchConfig, study_file: Path, name: str, tracking: d
                             points_to_evaluate=[p for p in search.points_to_evaluate if p] or None)
 
 
-def make_scheduler(search: SearchConfig, steps: int):
-    """The spec's early stopping on RL steps; its metric and mode come from the TuneConfig (which
-    records them for Tune's tools)."""
+def make_scheduler(search: SearchConfig, steps: int, record_to: str | None = None):
+    """The spec's early stopping on RL steps, each stop recorded under `record_to` (the experiment's
+    folder or URI); its metric and mode come from the TuneConfig (which records them for Tune's tools)."""
     if search.scheduler.name == "none":
         return None
+    from orchestrator.scheduler import IntervalRungs, RecordedASHA, rungs
+
     sched = search.scheduler
     if sched.name == "intervals":
-        from orchestrator.scheduler import IntervalRungs, rungs
-
-        return IntervalRungs(rungs(min(sched.grace_period, steps), sched.reduction_factor, steps), sched.level)
-    from ray.tune.schedulers import ASHAScheduler
-
-    return ASHAScheduler(time_attr="progress/step", max_t=steps, grace_period=min(sched.grace_period, steps),
-                         reduction_factor=sched.reduction_factor)
+        return IntervalRungs(rungs(min(sched.grace_period, steps), sched.reduction_factor, steps), sched.level,
+                             record_to=record_to)
+    return RecordedASHA(time_attr="progress/step", max_t=steps, grace_period=min(sched.grace_period, steps),
+                        reduction_factor=sched.reduction_factor, record_to=record_to)
 
 
 def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], trial_id: str, storage: str) -> TrialConfig:
@@ -193,9 +192,10 @@ def run(spec: str, args) -> int:
         steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial
     trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
     def tune_config():
-        tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
+        tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name,
+                    "storage": exp.uri}
         return tune.TuneConfig(search_alg=make_searcher(search, exp.folder / experiment.STUDY_FILE, exp.name, tracking),
-                               scheduler=make_scheduler(search, steps),
+                               scheduler=make_scheduler(search, steps, record_to=exp.uri),
                                metric=search.metric, mode=search.mode, num_samples=search.num_samples,
                                max_concurrent_trials=search.max_concurrent_trials)
 
@@ -227,7 +227,7 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     """Print the ranked configurations, the selection's estimate and, with `search.confirm`, the
     confirmation's verdict; write the final model's spec; close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
-    summaries = experiment.summarize(results, search.metric, keys)
+    summaries = experiment.summarize(results, search.metric, keys, exp)
     console.print(ranked_table(summaries, search, keys))
     console.print(experiment.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
     scored = [s for s in summaries if s.interval is not None]

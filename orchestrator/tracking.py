@@ -279,6 +279,14 @@ class Tracker:
         return self._retried("finding the configuration's runs", lambda: [
             r.info.run_id for r in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config))])
 
+    def config_seeds(self, sweep: str, config: str, metric: str) -> list[tuple[int, int, float | None]]:
+        """Each seed run of one configuration, in seed order: (RL steps it logged, its learner.steps, its
+        latest `metric`): the configuration's own record, whatever Tune kept."""
+        runs = self._retried("reading the configuration's runs", lambda: self.client.search_runs(
+            [self.experiment_id], self._config_filter(sweep, config))) or []
+        return [(int(r.data.metrics.get("progress/step", 0)), int(r.data.params.get("learner.steps", 0)),
+                 r.data.metrics.get(metric)) for r in sorted(runs, key=lambda r: int(r.data.params.get("seed", 0)))]
+
     @staticmethod
     def _config_filter(sweep: str, config: str) -> str:
         return tags_filter(sweep=sweep, config=config) + " and tags.stage != 'confirm'"  # the search's runs

@@ -49,14 +49,17 @@ def test_bad_search_spec_is_one_line_naming_the_key(tmp_path, search, expected):
     assert len(message.splitlines()) == 1 and expected in message, message
 
 
-def test_optuna_state_is_the_trials_end():
-    """A configuration that ran to its last step is COMPLETE with its final value, one stopped short of it
-    PRUNED with the step it stopped at, an errored one FAIL; intermediate values sit at RL steps."""
+def test_optuna_state_is_the_trials_end(tmp_path):
+    """A configuration that ran to its last step is COMPLETE with its final value; one the scheduler
+    stopped (its durable record) PRUNED with the step it stopped at; an errored one, or one that ended
+    short with no scheduler record and no seed record of its end, FAIL; intermediate values sit at RL steps."""
+    from orchestrator.scheduler import record_pruned
     from orchestrator.searcher import StepOptunaSearch
 
     searcher = StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
-                                mode="max")
-    at = {"finished": 30, "pruned": 10, "errored": 20}
+                                mode="max", tracking={"storage": str(tmp_path)})
+    record_pruned(str(tmp_path), "pruned", 10)
+    at = {"finished": 30, "pruned": 10, "errored": 20, "short": 20}
     for trial_id, step in at.items():
         searcher.suggest(trial_id)
         for s in range(10, step + 1, 10):
@@ -68,7 +71,7 @@ def test_optuna_state_is_the_trials_end():
     trials = {t.user_attrs["tune_trial_id"]: t for t in searcher._ot_study.get_trials()}
     assert {k: t.state for k, t in trials.items()} == {
         "finished": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED,
-        "errored": optuna.trial.TrialState.FAIL}
+        "errored": optuna.trial.TrialState.FAIL, "short": optuna.trial.TrialState.FAIL}
     assert trials["finished"].value == 0.30 and trials["finished"].intermediate_values == {0: 0.05, 10: 0.1, 20: 0.2, 30: 0.3}
     assert trials["pruned"].user_attrs["pruned_at_step"] == 10 and trials["pruned"].intermediate_values == {0: 0.05, 10: 0.1}
     assert trials["errored"].intermediate_values == {0: 0.05, 10: 0.1}
@@ -399,3 +402,28 @@ def test_confirmation_needs_a_baseline(tmp_path):
     spec = spec_with(tmp_path, "search: {confirm: {seeds: 3}, space: {learner.lr: {uniform: [0.0001, 0.01]}}}\n")
     with pytest.raises(SpecError, match="confirm needs one objective and a baseline"):
         load_sweep_spec(spec)
+
+
+def test_a_configuration_is_pruned_only_where_the_scheduler_said_so(tmp_path):
+    """The scheduler writes each stop before Tune acts on it; how a configuration ended is read from
+    durable records: its last report, the scheduler's record, or its seeds' own MLflow steps."""
+    from ray.tune.schedulers import TrialScheduler
+
+    from orchestrator.scheduler import IntervalRungs, pruned_at
+    from orchestrator.seeds import outcome
+
+    scheduler = IntervalRungs([10], record_to=str(tmp_path))
+    scheduler.set_search_properties("val/accuracy", "max")
+    rung = {"progress/step": 10, "progress/val_step": 10}
+    assert scheduler.decide("a", {**rung, "seeds/0/val/accuracy": 0.50, "seeds/1/val/accuracy": 0.52}) == TrialScheduler.CONTINUE
+    assert scheduler.decide("b", {**rung, "seeds/0/val/accuracy": 0.10, "seeds/1/val/accuracy": 0.11}) == TrialScheduler.STOP
+    assert pruned_at(str(tmp_path), "b") == 10 and pruned_at(str(tmp_path), "a") is None
+    (tmp_path / "pruned" / "c.json").write_text("{broken")
+    assert pruned_at(str(tmp_path), "c") is None  # a record that does not read is no decision
+
+    short = {"progress/step": 10, "progress/steps": 30}
+    assert outcome({"progress/step": 30, "progress/steps": 30}, None, []) == "finished"
+    assert outcome({}, None, [(30, 30), (30, 30)]) == "finished"  # the last report lost; every seed logged step 30
+    assert outcome(short, 10, []) == "pruned"
+    assert outcome(short, None, [(30, 30), (20, 30)]) == "errored"  # short, and no decision: never "pruned"
+    assert outcome({}, None, []) == "errored"
