@@ -208,12 +208,14 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
     confirmed = false = steps = 0
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(sweeps):
-            config = tune.TuneConfig(search_alg=make_searcher(search, Path(tmp) / f"o{rep}.db", f"s{rep}"),
-                                     scheduler=make_scheduler(search, STEPS), metric=METRIC, mode="max",
-                                     num_samples=search.num_samples, max_concurrent_trials=1)
+            records = f"{tmp}/s{rep}"  # the scheduler's stops, as a sweep records them in its folder
+            config = tune.TuneConfig(search_alg=make_searcher(search, Path(tmp) / f"o{rep}.db", f"s{rep}",
+                                                              {"storage": records}),
+                                     scheduler=make_scheduler(search, STEPS, record_to=records), metric=METRIC,
+                                     mode="max", num_samples=search.num_samples, max_concurrent_trials=1)
             grid = tune.Tuner(trainable_for(rep), tune_config=config,
                               run_config=tune.RunConfig(name=f"s{rep}", storage_path=tmp, verbose=0)).fit()
-            summaries = summarize(grid, METRIC, ["x"])
+            summaries = summarize(grid, METRIC, ["x"], uri=records)
             steps += sum(s.steps * search.seeds for s in summaries)
             finished = ranked([s for s in summaries if s.state == "finished"] or summaries, search)
             _, _, tags = verdict_against_baseline(summaries, finished, search)

@@ -343,9 +343,12 @@ class ConfigSummary:
     metrics: dict[str, float]
 
 
-def summarize(results, metric: str, keys: list[str], exp: Experiment | None = None) -> list[ConfigSummary]:
-    """Every configuration of a ResultGrid, in the order Tune made them. With `exp`, a configuration whose
-    last report Tune lost is read from durable records (`seeds.outcome`): its seeds' MLflow runs."""
+def summarize(results, metric: str, keys: list[str], uri: str | None = None,
+              seeds_of: Callable[[str], list] | None = None) -> list[ConfigSummary]:
+    """Every configuration of a ResultGrid, in the order Tune made them. One that ended short of its last
+    step is read from durable records (`seeds.outcome`): the scheduler's stops under `uri`, and
+    `seeds_of(config_id)`, its seed runs' own (steps, learner.steps, objective), where Tune lost its last
+    report."""
     out = []
     for r in results:
         m, config_id = dict(r.metrics or {}), trial_id_of(r)
@@ -353,8 +356,8 @@ def summarize(results, metric: str, keys: list[str], exp: Experiment | None = No
                                        key=lambda k: int(k.split("/")[1]))]
         steps, state = int(m.get("progress/step", 0)), "errored" if r.error else "finished"
         if not r.error and not ran_to_end(m):
-            pruned = pruned_at(exp.uri, config_id) if exp else None
-            seeds = (exp.tracker.config_seeds(exp.name, config_id, metric) or []) if exp and pruned is None else []
+            pruned = pruned_at(uri, config_id)
+            seeds = (seeds_of(config_id) or []) if seeds_of and pruned is None else []
             state = outcome(m, pruned, [(done, last) for done, last, _ in seeds])
             if state == "finished":
                 values, steps = [v for _, _, v in seeds], seeds[0][1]

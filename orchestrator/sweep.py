@@ -227,7 +227,8 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     """Print the ranked configurations, the selection's estimate and, with `search.confirm`, the
     confirmation's verdict; write the final model's spec; close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
-    summaries = experiment.summarize(results, search.metric, keys, exp)
+    summaries = experiment.summarize(results, search.metric, keys, exp.uri,
+                                     lambda config: exp.tracker.config_seeds(exp.name, config, search.metric))
     console.print(ranked_table(summaries, search, keys))
     console.print(experiment.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
     scored = [s for s in summaries if s.interval is not None]
