@@ -272,7 +272,8 @@ def check_state_owner(tune_folder: str, uid: int | None = None) -> None:
     foreign = sorted(p for p in Path(tune_folder).iterdir() if p.is_file() and p.stat().st_uid != uid)
     if foreign:
         raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user "
-                        f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: refused")
+                        f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: "
+                        "refused")
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
@@ -402,7 +403,8 @@ class Comparison:
 
 
 # Settings that change what the objective measures: the validation's problems, samples, decoding, length.
-MEASUREMENT = ("validation.", "task.name", "task.levels", "task.val_size", "task.seed", "prompt.", "rollout.max_new_tokens")
+MEASUREMENT = ("validation.", "task.name", "task.levels", "task.val_size", "task.seed", "prompt.",
+               "rollout.max_new_tokens")
 
 
 def incomparable(a_params: dict[str, Any], b_params: dict[str, Any], a_steps, b_steps) -> str | None:

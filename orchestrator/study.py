@@ -197,7 +197,8 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
         "seeds": [int(r.data.params["seed"]) for r in runs],
         "steps": steps,
         "states": [r.data.tags.get("state", "?") for r in runs],
-        "final": {k: {"values": v, **interval_dict(stats.seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
+        "final": {k: {"values": v,
+                      **interval_dict(stats.seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
                   for k, v in final.items()},
         "validation_se": sum(x for x in se if x is not None) / max(1, sum(x is not None for x in se)),
         "curves": curves,
@@ -233,7 +234,8 @@ def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | N
         for key, (a, b) in pairs.items():
             diff, diffs = stats.paired_difference(a, b), [x - y for x, y in zip(a, b)]
             direction = mode if key in (metric, area_key(metric)) or PASS_AT.fullmatch(key) else "max"
-            row = {**interval_dict(diff), "seeds_needed": stats.seeds_needed(diffs), "seeds_range": stats.seeds_range(diffs)}
+            row = {**interval_dict(diff), "seeds_needed": stats.seeds_needed(diffs),
+                   "seeds_range": stats.seeds_range(diffs)}
             if key == metric:
                 row.update(primary[name], role="primary")
             else:
@@ -293,7 +295,8 @@ def markdown(result: dict[str, Any]) -> str:
 def seeds_cell(needed: int | None, span) -> str:
     if needed is None:
         return "-"
-    return stats.seeds_text(needed) + (f" [{span[0]}, {'unbounded' if span[1] >= stats.MAX_SEEDS else span[1]}]" if span else "")
+    top = "unbounded" if span and span[1] >= stats.MAX_SEEDS else span and span[1]
+    return stats.seeds_text(needed) + (f" [{span[0]}, {top}]" if span else "")
 
 
 def fmt(row: dict | None) -> str:
@@ -350,7 +353,8 @@ def plot_pass_at_k(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = parser("python -m orchestrator.study", __doc__, "study", "search_spaces/studies/ead_vs_fixed.yaml", "arms")
+    command = parser("python -m orchestrator.study", __doc__, "study", "search_spaces/studies/ead_vs_fixed.yaml",
+                     "arms")
     command.add_argument("--seeds", type=int, help="seeds per arm (default: study.seeds)")
     return cli(run, command, argv)
 

@@ -10,7 +10,8 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
 
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
@@ -21,7 +22,7 @@ from trainables.names import (AGGREGATIONS, ENGINES, MODEL_PRESETS, SCHEDULES, T
                               WEIGHT_PUSHES)
 from trainables.rollout.types import SamplingSpec
 
-LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: the registry
+LossAggregation = Literal[tuple(AGGREGATIONS)]  # type: ignore[valid-type]  # one list: trainables/names.py
 AlgorithmName = Literal[tuple(ALGORITHMS)]  # type: ignore[valid-type]
 TeacherName = Literal[tuple(TEACHERS)]  # type: ignore[valid-type]
 TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
@@ -438,13 +439,14 @@ class CheckpointConfig(Section):
 
     @field_validator("save_by", mode="before")
     @classmethod
-    def _iso_text(cls, value: Any) -> Any:  # text also under a strict check (YAML reads 10:00 without seconds as text)
+    def _iso_text(cls, value: Any) -> Any:  # also under a strict check: YAML reads 10:00 without seconds as text
         if not isinstance(value, str):
             return value
         try:
             return datetime.fromisoformat(value)
         except ValueError:
-            raise ValueError("expected an ISO 8601 datetime, e.g. 2026-01-31T18:00 or 2026-01-31T18:00+01:00") from None
+            raise ValueError("expected an ISO 8601 datetime, e.g. 2026-01-31T18:00 or 2026-01-31T18:00+01:00") \
+                from None
 
     @field_validator("keep_best_by")
     @classmethod
