@@ -9,6 +9,7 @@ one line per problem, naming the key path and what was expected::
 from __future__ import annotations
 
 import builtins
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,6 +37,14 @@ from trainables.metrics import OBJECTIVE_NAMESPACES, unlogged
 from orchestrator.inputs import SpecError, check_trial_inputs
 from orchestrator.preflight import PROMPT_TOKENS, memory_report, model_positions
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
+
+class SpecLoader(yaml.SafeLoader):
+    """YAML as specs are read: safe, and `1e-4` a number as in YAML 1.2 (YAML 1.1 wants `1.0e-4`, and
+    reads `1e-4` as text, which the strict check would refuse for a float field)."""
+
+
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
 
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 # Counts that expand into runs, threads and Ray actors: bounded before anything is made.
@@ -94,7 +103,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         if not sep or not key.strip():
             raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set rollout.n=4")
         try:
-            parsed[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+            parsed[key.strip()] = yaml.load(raw, SpecLoader) if raw.strip() else None
         except yaml.YAMLError as e:
             raise SpecError(f"--set {key.strip()}: {raw!r} is not a YAML value ({getattr(e, 'problem', e)})") from None
     return parsed
@@ -129,7 +138,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), SpecLoader) or {}
     except UnicodeDecodeError as e:
         raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); a spec is a YAML file") from None
     except yaml.YAMLError as e:

@@ -325,3 +325,14 @@ def test_a_refusal_comes_before_any_heavy_library_loads(module, args):
 ])
 def test_counts_that_expand_into_runs_are_bounded(capsys, tmp_path, main, args, named):
     refused(capsys, main, [*args, "--storage", str(tmp_path)], named)
+
+
+def test_exponent_notation_is_a_number_in_specs_and_sets(tmp_path):
+    """YAML 1.1 reads `1e-4` as text; specs read it as the number a researcher means (YAML 1.2), so the
+    strict type check takes it for a float field."""
+    from orchestrator.spec import load_trial_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(open(EAD).read().replace("lr: 1.0e-4", "lr: 1e-4"))
+    assert load_trial_spec(spec, [f"storage={tmp_path}"]).learner.lr == 1e-4
+    assert load_trial_spec(EAD, ["learner.lr=3e-4", f"storage={tmp_path}"]).learner.lr == 3e-4
