@@ -114,6 +114,7 @@ class RecordedASHA(ASHAScheduler):
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.STOP and self.record_to:
-            record_pruned(self.record_to, trial.trial_id, result.get(self._time_attr, 0))
+        step = result.get(self._time_attr, 0)  # at max_t ASHA also says STOP: the trial ended, it was not pruned
+        if decision == TrialScheduler.STOP and self.record_to and step < self._max_t:
+            record_pruned(self.record_to, trial.trial_id, step)
         return decision

@@ -427,3 +427,23 @@ def test_a_configuration_is_pruned_only_where_the_scheduler_said_so(tmp_path):
     assert outcome(short, 10, []) == "pruned"
     assert outcome(short, None, [(30, 30), (20, 30)]) == "errored"  # short, and no decision: never "pruned"
     assert outcome({}, None, []) == "errored"
+
+
+def test_asha_records_its_stops_but_not_a_trial_that_reached_the_horizon(tmp_path):
+    """Ray's ASHA also answers STOP to a trial at max_t (it ended, not pruned): only a stop before it is a record."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from orchestrator.scheduler import RecordedASHA, pruned_at
+
+    asha = RecordedASHA(time_attr="progress/step", max_t=5, grace_period=2, reduction_factor=2,
+                        record_to=str(tmp_path))
+    asha.set_search_properties("val/accuracy", "max")
+    trials = [SimpleNamespace(trial_id=name) for name in "abc"]
+    for trial in trials:
+        asha.on_trial_add(None, trial)
+    asha.on_trial_result(None, trials[0], {"progress/step": 2, "val/accuracy": 0.9})
+    assert asha.on_trial_result(None, trials[0], {"progress/step": 5, "val/accuracy": 0.9}) == TrialScheduler.STOP
+    assert asha.on_trial_result(None, trials[1], {"progress/step": 2, "val/accuracy": 0.1}) == TrialScheduler.STOP
+    assert pruned_at(str(tmp_path), "a") is None and pruned_at(str(tmp_path), "b") == 2
