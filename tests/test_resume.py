@@ -288,6 +288,9 @@ def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_clust
         assert optuna_state[tau] == (optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.PRUNED)
         steps = [s for s, _ in history(tmp_path, run)["progress/step"]]
         assert steps == list(range(1, len(steps) + 1)) and len(steps) >= final[tau]["progress/step"]
+    # The scheduler's durable records name exactly the configurations every store calls pruned.
+    recorded = {p.stem for p in (tmp_path / "s" / "pruned").glob("*.json")}
+    assert recorded == {r.data.tags["config"] for r in runs(tmp_path) if r.data.tags["state"] == "pruned"}
     killed = next(r for r in runs(tmp_path) if r.data.params["rollout.decoding.ead.tau_max"] == "1.2")
     if final[1.2]["progress/step"] == 5:
         assert history(tmp_path, killed) == reference
