@@ -68,7 +68,7 @@ def test_foreign_checkpoint_files_are_data(tmp_path):
     assert read_rank_state(tmp_path, 0)["step"] == 3
     (tmp_path.parent / "outside.txt").write_text("x")
     (tmp_path / manifest_file(0)).write_text(json.dumps({"rank": 0, "world_size": 1, "files": {
-        "../outside.txt": {"size": 1, "sha256": "0"}}}))
+        "../outside.txt": {"size": 1, "sha256": "0" * 64}}}))
     assert "outside the checkpoint's folder" in checkpoint_problem(tmp_path, 1)
 
 
