@@ -14,7 +14,7 @@ import time
 
 from orchestrator import train
 from orchestrator.spec import load_trial_spec
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, default_tracking_uri
 
 COMPUTE = ("generate", "score", "old_logprob", "offline", "update")  # the model's work
 STARTUP = ("workers", "data", "learner", "restore_and_sync")  # timing/startup_<stage>
@@ -29,7 +29,7 @@ def run_trial(spec: str, storage: str, steps: int, overrides: list[str]) -> dict
     cfg = load_trial_spec(spec, [f"learner.steps={steps}", f"name={name}", "validation.every=0",
                                  f"storage={storage}", *overrides])
     train.run(cfg)
-    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id], f"attributes.run_name = '{name}'")
     return {key: dict(tracker.metric_history(run.info.run_id, f"timing/{key}")) for key in KEYS}
 

@@ -7,7 +7,8 @@ stopped (its durable record, `scheduler.record_pruned`) is `PRUNED`, a trial who
 takes its value from its seeds' own MLflow records, and each Optuna trial carries the Tune trial id and
 the MLflow runs
 recording it, so the dashboard, the report and MLflow say the same thing about every trial. A
-proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever.
+proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever;
+a trial told finished just before the driver was lost keeps that record when Tune ends it again.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class StepOptunaSearch(OptunaSearch):
                 optuna.trial.Trial(self._ot_study, lost._trial_id).set_user_attr(
                     "lost", "proposed just before the driver was lost; Tune never started it")
                 self._ot_study.tell(lost.number, state=TrialState.FAIL)
+        # A trial the study already holds finished was told before the driver was lost (after the saved
+        # searcher): its record stands; Tune, resumed, ends it again, and nothing is told twice.
+        finished = {t.number for t in self._ot_study.get_trials(deepcopy=False) if t.state.is_finished()}
+        self._completed_trials.update(tid for tid, trial in self._ot_trials.items() if trial.number in finished)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials or self.metric not in result:
@@ -72,7 +77,9 @@ class StepOptunaSearch(OptunaSearch):
                 reported.add(step)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+        if trial_id in self._completed_trials:
+            return None  # told already: here, or before a lost driver (`restore`)
+        if trial_id not in self._ot_trials:
             return super().on_trial_complete(trial_id, result, error)
         if result and not error:  # Tune hands the last result here, not to on_trial_result
             self.on_trial_result(trial_id, result)

@@ -125,6 +125,30 @@ def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
     assert after._ot_study.trials[0].state == optuna.trial.TrialState.COMPLETE
 
 
+def test_a_trial_told_finished_before_the_driver_was_lost_keeps_its_record(tmp_path):
+    """The searcher was saved while "done" ran; "done" was then told COMPLETE, and the driver died before Tune
+    saved again. Resumed, Tune runs "done" to its end once more: nothing is told twice (Optuna refuses to
+    update a finished trial, which stopped the resumed sweep), and the study keeps its record."""
+    from orchestrator.searcher import StepOptunaSearch
+
+    def searcher():
+        return StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
+                                mode="max", storage=optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}"),
+                                study_name="s")
+
+    final = {"val/accuracy": 0.5, "progress/step": 5, "progress/val_step": 5, "progress/steps": 5}
+    before = searcher()
+    before.suggest("done")
+    before.save(str(tmp_path / "searcher.pkl"))
+    before.on_trial_complete("done", final)
+    after = searcher()
+    after.restore(str(tmp_path / "searcher.pkl"))
+    after.on_trial_result("done", {**final, "val/accuracy": 0.4})
+    after.on_trial_complete("done", {**final, "val/accuracy": 0.4}, error=True)
+    (trial,) = after._ot_study.trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.value == 0.5
+
+
 def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator.sweep", "search_spaces/ead.yaml", "--dry-run",
                           "--storage", str(tmp_path)], capture_output=True, text=True, timeout=120)

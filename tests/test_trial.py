@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator import train
 from orchestrator.spec import load_trial_spec
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.tasks import builtin_validation
 
 STEPS = 30
@@ -58,7 +58,7 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
     assert final["val/accuracy"] == pytest.approx(mean) == final["val/macro/avg_at_4"]
 
     # The record: every step of the run is in MLflow, the base policy at step 0.
-    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     assert run.data.tags["state"] == "finished"
     steps = [step for step, _ in tracker.metric_history(run.info.run_id, "rollout/reward_mean")]
@@ -80,7 +80,7 @@ def test_oger_trial_runs_and_records_its_metrics(ray_cluster, tiny_model_path, t
     assert final["offline/replaced"] == cfg.learner.prompts_per_step * cfg.algorithm.replacement_density
     assert 0 < final["policy/offpolicy_token_share"] < 1
     assert 0 < final["timing/encoder"] < final["timing/step"] * cfg.learner.num_workers  # each rank's texts, once
-    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     for key in OGER_METRICS:
         assert [s for s, _ in tracker.metric_history(run.info.run_id, key)] == list(range(1, steps + 1)), key
@@ -104,7 +104,7 @@ def test_ead_decay_follows_rl_steps_with_two_minibatches(ray_cluster, tiny_model
     cfg.validation.samples_by_benchmark = {"math500": 1}
     final = train.run(cfg)
     assert final["progress/optimizer_step"] == 2 * steps
-    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     d0 = cfg.rollout.decoding.ead.d0
     assert sorted(tracker.metric_history(run.info.run_id, "rollout/ead_decay")) == [(s, d0 + 5 * s) for s in range(1, steps + 1)]
