@@ -25,8 +25,7 @@ from orchestrator.inputs import check_folder_path, check_name, check_tracking_ur
 from orchestrator.lease import Lease, check_settings
 from orchestrator.launch import check_shared_storage, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
-from orchestrator.scheduler import pruned_at
-from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, outcome, ran_to_end, seed_configs, seed_name
+from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ended, seed_configs, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, seeds_range, verdict
 from orchestrator.tracking import Tracker, default_tracking_uri
@@ -233,14 +232,13 @@ class TrialStates(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
         uri = self.study[1] if getattr(self, "study", None) else None
-        pruned = pruned_at(uri, trial.trial_id)
-        seeds = [] if ran_to_end(result) or pruned is not None else [
-            (done, last) for done, last, _ in self.tracker.config_seeds(self.sweep, trial.trial_id, self.metric) or []]
-        state = outcome(result, pruned, seeds)
+        state, pruned, _ = ended(result, uri, trial.trial_id,
+                                 lambda config: self.tracker.config_seeds(self.sweep, config, self.metric))
         self._close(trial, state)
         said = {"finished": "finished", "pruned": f"pruned by the scheduler at step {pruned}",
                 "errored": "ended short of its last step with no scheduler decision"}[state]
-        self._say(trial, f"{said}: {self._objective(result)}" if result else said)
+        objective = self._objective(result)
+        self._say(trial, f"{said}: {objective}" if objective else said)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._close(trial, "errored")
@@ -356,11 +354,9 @@ def summarize(results, metric: str, keys: list[str], uri: str | None = None,
         values = [m[k] for k in sorted((k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
                                        key=lambda k: int(k.split("/")[1]))]
         steps, state = int(m.get("progress/step", 0)), "errored" if r.error else "finished"
-        if not r.error and not ran_to_end(m):
-            pruned = pruned_at(uri, config_id)
-            seeds = (seeds_of(config_id) or []) if seeds_of and pruned is None else []
-            state = outcome(m, pruned, [(done, last) for done, last, _ in seeds])
-            if state == "finished":
+        if not r.error:
+            state, _, seeds = ended(m, uri, config_id, seeds_of)
+            if seeds and state == "finished":
                 values, steps = [v for _, _, v in seeds], seeds[0][1]
         se = m.get(SE_KEY)
         values = [v for v in values if v is not None]

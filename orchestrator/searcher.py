@@ -18,8 +18,7 @@ import warnings
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
-from orchestrator.scheduler import pruned_at
-from orchestrator.seeds import outcome, ran_to_end
+from orchestrator.seeds import ended, ran_to_end
 from trainables.config import VAL_STEP
 
 
@@ -91,9 +90,8 @@ class StepOptunaSearch(OptunaSearch):
             return super().on_trial_complete(trial_id, result, error)
         state, value = "errored", None
         if not error:  # ended short: pruned only where the scheduler's record says so
-            pruned = pruned_at(self.tracking.get("storage"), trial_id)
-            seeds = self._seeds(trial_id) if pruned is None and isinstance(self.metric, str) else []
-            state = outcome(result or {}, pruned, [(done, last) for done, last, _ in seeds])
+            state, pruned, seeds = ended(result or {}, self.tracking.get("storage"), trial_id,
+                                         self._seeds if isinstance(self.metric, str) else None)
             values = [v for _, _, v in seeds]
             if state == "finished" and values and None not in values:  # its last report was lost
                 value = sum(values) / len(values)  # the seeds' own records stand for it

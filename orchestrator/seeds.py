@@ -24,6 +24,7 @@ from typing import Any
 from ray.train.v2.api.callback import UserCallback
 
 from orchestrator.launch import fit_trial
+from orchestrator.scheduler import pruned_at
 from orchestrator.spec import apply_overrides
 from orchestrator.stats import seed_interval
 from trainables.config import TrialConfig
@@ -47,6 +48,18 @@ def outcome(result: dict, pruned_step: int | None, seeds: list[tuple[int, int]])
     if ran_to_end(result) or (seeds and all(done >= last > 0 for done, last in seeds)):
         return "finished"
     return "pruned" if pruned_step is not None else "errored"
+
+
+def ended(result: dict, uri: str | None, config_id: str,
+          seeds_of: Callable[[str], list] | None) -> tuple[str, int | None, list]:
+    """(`outcome`, the step the scheduler stopped it at or None, its seed runs' (steps, learner.steps,
+    objective)) of a configuration Tune ended: the scheduler's record under `uri` is read, and then
+    `seeds_of(config_id)`, only when its last report does not already decide."""
+    if ran_to_end(result):
+        return "finished", None, []
+    pruned = pruned_at(uri, config_id)
+    seeds = (seeds_of(config_id) or []) if seeds_of and pruned is None else []
+    return outcome(result, pruned, [(done, last) for done, last, _ in seeds]), pruned, seeds
 
 
 def seed_name(config_id: str, seed: int) -> str:
