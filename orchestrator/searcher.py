@@ -7,8 +7,8 @@ stopped (its durable record, `scheduler.record_pruned`) is `PRUNED`, a trial who
 takes its value from its seeds' own MLflow records, and each Optuna trial carries the Tune trial id and
 the MLflow runs
 recording it, so the dashboard, the report and MLflow say the same thing about every trial. A
-proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever;
-a trial told finished just before the driver was lost keeps that record when Tune ends it again.
+proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever,
+and its configuration is proposed again (it never ran: a lost baseline must still be measured); a trial told finished just before the driver was lost keeps that record when Tune ends it again.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class StepOptunaSearch(OptunaSearch):
 
     def restore(self, checkpoint_path: str) -> None:
         """The searcher as Tune last saved it. A trial the study holds `RUNNING` that the saved searcher
-        does not know was proposed after that save and lost with the driver: it never ran, and is `FAIL`."""
+        does not know was proposed after that save and lost with the driver: it never ran, is `FAIL`, and
+        its configuration is queued to be proposed again (after any point still waiting)."""
         import optuna
 
         super().restore(checkpoint_path)
@@ -58,6 +59,7 @@ class StepOptunaSearch(OptunaSearch):
                 optuna.trial.Trial(self._ot_study, lost._trial_id).set_user_attr(
                     "lost", "proposed just before the driver was lost; Tune never started it")
                 self._ot_study.tell(lost.number, state=TrialState.FAIL)
+                self._ot_study.enqueue_trial(lost.params, user_attrs={"proposed_again_for": lost.number})
         # A trial the study already holds finished was told before the driver was lost (after the saved
         # searcher): its record stands; Tune, resumed, ends it again, and nothing is told twice.
         finished = {t.number for t in self._ot_study.get_trials(deepcopy=False) if t.state.is_finished()}

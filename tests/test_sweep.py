@@ -103,7 +103,8 @@ def test_closing_a_trial_never_holds_up_tunes_loop(monkeypatch):
 
 def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
     """Tune saved its searcher after proposing "kept"; "lost" was proposed (written to the study) just
-    before the driver died: the restored searcher marks it FAIL, and "kept" runs on."""
+    before the driver died: the restored searcher marks it FAIL, "kept" runs on, and the lost configuration
+    (which never ran: it may be the baseline) is the next one proposed."""
     from orchestrator.searcher import StepOptunaSearch
 
     def searcher():
@@ -117,12 +118,14 @@ def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
     before.suggest("lost")
     after = searcher()
     after.restore(str(tmp_path / "searcher.pkl"))
-    trials = {t.user_attrs["tune_trial_id"]: t for t in optuna.load_study(
+    trials = {t.user_attrs.get("tune_trial_id", "queued"): t for t in optuna.load_study(
         study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}").trials}
     assert trials["kept"].state == optuna.trial.TrialState.RUNNING
+    assert trials["queued"].state == optuna.trial.TrialState.WAITING
     assert trials["lost"].state == optuna.trial.TrialState.FAIL and "driver" in trials["lost"].user_attrs["lost"]
     after.on_trial_complete("kept", {"val/accuracy": 0.5, "progress/step": 3, "progress/steps": 3})
     assert after._ot_study.trials[0].state == optuna.trial.TrialState.COMPLETE
+    assert after.suggest("again") == {"x": trials["lost"].params["x"]}
 
 
 def test_a_trial_told_finished_before_the_driver_was_lost_keeps_its_record(tmp_path):
