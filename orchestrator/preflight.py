@@ -8,11 +8,14 @@ folders are not mounted here) and prints the estimate of `trainables.memory` aga
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from trainables.config import TrialConfig
-from trainables.names import SMOLLM2_PRESET, TINY_MAX_POSITIONS, TINY_PRESET
-from trainables.memory import GB, GIB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
+from trainables.memory import (ENGINE_ACTIVATION_FRACTION, GIB, KNOWN_SHAPES, EngineMemory, ModelShape,
+                                card_bytes, engine_memory, learner_memory, weight_push_memory)
+from trainables.names import (BUCKETED_PUSHES, PUSHES_FROM_DEVICE, SMOLLM2_PRESET, TINY_MAX_POSITIONS,
+                              TINY_PRESET)
 
 PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's prompt allowance, by task
 # (LUFFY's max_prompt_length for real data; the built-in task's prompts are a few dozen tokens)
@@ -21,6 +24,7 @@ PRESET_SHAPES = {  # the built-in presets' shapes (the tiny one comes from its s
 }
 
 
+MAX_RANKS = 256  # the most learner ranks a fix suggests
 PRESET_POSITIONS = {TINY_PRESET: TINY_MAX_POSITIONS, SMOLLM2_PRESET: 8192}
 
 
@@ -70,62 +74,137 @@ def micro_batch_tokens(cfg: TrialConfig) -> int:
 
 
 def memory_report(cfg: TrialConfig) -> str:
-    """The pre-flight's lines: per learner rank and per rollout engine, and a verdict with its fix."""
+    """The pre-flight's lines: per learner rank and per rollout engine (and their sum on a shared GPU),
+    each with a verdict and the settings that fix it."""
     shape, source = model_shape(cfg)
     if shape is None:
         return f"memory pre-flight: no estimate ({source})"
     lr, ro = cfg.learner, cfg.rollout
     bf16 = cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and lr.use_gpu)
-    tokens = micro_batch_tokens(cfg)
-    where = (f"GPU of {lr.gpu_memory_gb:g} GB ({lr.gpu_memory_gb * GB / GIB:.1f} GiB)" if lr.use_gpu
-             else "rank (CPU memory here)")
-
-    def estimate(checkpointing: bool):
-        return learner_memory(shape, dtype_bytes=2 if bf16 else 4, zero_stage=lr.zero_stage, world=lr.num_workers,
-                              tokens=tokens, gradient_checkpointing=checkpointing, chunk_tokens=lr.logits_chunk_tokens,
-                              reserve_gb=2.0 if lr.use_gpu else 0.0)
-
-    mem = estimate(lr.gradient_checkpointing)
+    card, taken = card_bytes(lr.gpu_memory_gb)
+    estimate = learner_estimate(cfg, shape, 2 if bf16 else 4)
+    mem = estimate()
     size = f"{shape.params / 1e9:.2f} B" if shape.params >= 1e8 else f"{shape.params / 1e6:.2f} M"
-    lines = [f"memory pre-flight ({size} parameters, from {source}; micro-batch of {tokens} tokens, prompts "
-             f"taken as {PROMPT_TOKENS[cfg.task.name]}):",
-             f"  learner {where}: {mem.total / GIB:.1f} GiB = weights {mem.weights / GIB:.1f} + gradients "
-             f"{mem.gradients / GIB:.1f} + optimizer {mem.optimizer / GIB:.1f} (ZeRO-{lr.zero_stage} over "
-             f"{lr.num_workers}) + activations {mem.activations / GIB:.1f} (checkpointing "
-             f"{'on' if lr.gradient_checkpointing else 'off'}) + logits chunk {mem.logits / GIB:.2f} + reserve "
-             f"{mem.reserve / GIB:.1f}"]
-    if lr.use_gpu and mem.total > lr.gpu_memory_gb * GB:
-        lines.append("  learner: WILL NOT FIT. " + learner_fix(cfg, mem, estimate(True)))
+    where = f"GPU of {lr.gpu_memory_gb:g} GB ({taken})" if lr.use_gpu else "rank (CPU memory here)"
+    lines = [f"memory pre-flight ({size} parameters, from {source}; micro-batch of {micro_batch_tokens(cfg)} tokens, "
+             f"prompts taken as {PROMPT_TOKENS[cfg.task.name]}):",
+             f"  learner {where}: {learner_parts(mem, cfg)}"]
+    if lr.use_gpu and mem.total > card:
+        lines.append("  learner: WILL NOT FIT. " + learner_fixes(cfg, estimate, card))
     elif lr.use_gpu:
-        lines.append(f"  learner: fits ({mem.total / GIB:.1f} of {lr.gpu_memory_gb * GB / GIB:.1f} GiB)")
+        lines.append(f"  learner: fits ({mem.total / GIB:.1f} of {card / GIB:.1f} GiB)")
     if ro.backend == "vllm" and ro.num_gpus:
-        lines += engine_lines(cfg, shape, bf16)
+        eng = engine_estimate(cfg, shape, bf16)
+        lines += engine_lines(cfg, eng)
+        if ro.colocate:
+            lines += colocated_lines(mem, eng, card)
     return "\n".join(lines)
 
 
-def learner_fix(cfg: TrialConfig, mem, checkpointed) -> str:
-    """The knob that brings a rank under its GPU's memory, in the order a researcher would reach for them."""
-    lr, gpu = cfg.learner, cfg.learner.gpu_memory_gb * GB
-    if not lr.gradient_checkpointing and checkpointed.total <= gpu:
-        return f"learner.gradient_checkpointing: true brings it to {checkpointed.total / GIB:.1f} GiB"
-    states = mem.weights + mem.gradients + mem.optimizer
-    if lr.zero_stage < 3 and states > gpu / 2:
-        return (f"weights, gradients and optimizer states alone take {states / GIB:.1f} GiB: learner.zero_stage: 3 "
-                f"or more learner.num_workers shard them")
-    budget = max(1, int(micro_batch_tokens(cfg) * (gpu - (mem.total - mem.activations)) / max(mem.activations, 1)))
-    return (f"activations of {mem.activations / GIB:.1f} GiB: learner.max_tokens_per_micro_batch <= {budget} (or a "
-            f"smaller learner.micro_batch_size){'' if lr.gradient_checkpointing else ', with gradient_checkpointing'}")
-
-
-def engine_lines(cfg: TrialConfig, shape: ModelShape, bf16: bool) -> list[str]:
+def learner_estimate(cfg: TrialConfig, shape: ModelShape, dtype_bytes: int):
+    """learner_memory at the spec's settings, or at others: estimate(checkpointing=, zero_stage=, world=, tokens=,
+    chunk=)."""
     lr, ro = cfg.learner, cfg.rollout
-    sequences = cfg.sequences_per_rank * -(-lr.num_workers // ro.num_engines)
-    eng = engine_memory(shape, dtype_bytes=2 if bf16 else 4, tensor_parallel=ro.tensor_parallel_size,
-                        gpu_gb=lr.gpu_memory_gb, utilization=ro.gpu_memory_utilization,
-                        max_len=PROMPT_TOKENS[cfg.task.name] + ro.max_new_tokens, sequences=sequences)
+
+    def estimate(checkpointing: bool = lr.gradient_checkpointing, zero_stage: int = lr.zero_stage,
+                 world: int = lr.num_workers, tokens: int | None = None, chunk: int | None = lr.logits_chunk_tokens):
+        tokens = tokens or micro_batch_tokens(cfg)
+        push = weight_push_memory(  # on a CPU rank the copy is in the rank's own memory, whatever the transfer
+            shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage,
+            copied_here=ro.weight_transfer in PUSHES_FROM_DEVICE or not lr.use_gpu,
+            bucket_bytes=ro.weight_bucket_mb * 2**20 if ro.weight_transfer in BUCKETED_PUSHES else 0)
+        return learner_memory(shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage, world=world, tokens=tokens,
+                              gradient_checkpointing=checkpointing, chunk_tokens=chunk or tokens,
+                              entropy="grad" if cfg.algorithm.entropy_coef else "value", push=push,
+                              gpu=lr.use_gpu)
+    return estimate
+
+
+def learner_parts(mem, cfg: TrialConfig) -> str:
+    """The total as the sum of its parts: the states, the phase that peaks, the reserve; the other phases."""
+    lr = cfg.learner
+    phase = mem.peak_phase
+    shown = {"backward": f"backward {mem.activations / GIB:.2f} (layer activations "
+                         f"{(mem.activations - mem.logits) / GIB:.2f} with checkpointing "
+                         f"{'on' if lr.gradient_checkpointing else 'off'}, logits chunk {mem.logits / GIB:.2f})"}
+    others = ", ".join(f"{name} {value / GIB:.2f}" for name, value in mem.phases.items() if name != phase)
+    return (f"{mem.total / GIB:.2f} GiB = weights {mem.weights / GIB:.2f} + gradients {mem.gradients / GIB:.2f} + "
+            f"optimizer {mem.optimizer / GIB:.2f} (ZeRO-{lr.zero_stage} over {lr.num_workers}) + "
+            f"{shown.get(phase, f'{phase} {mem.phases[phase] / GIB:.2f}')} + reserve {mem.reserve / GIB:.2f} "
+            f"(ZeRO buffers {mem.buckets / GIB:.2f}); in place of {phase}: {others}")
+
+
+def learner_fixes(cfg: TrialConfig, estimate, card: float) -> str:
+    """The settings that bring a rank under its card, each as far as it reaches: the free ones
+    (checkpointing, smaller logits chunks) alone where they do, else more ranks, ZeRO-3 and a smaller token
+    budget, in the order of what they cost (GPUs, communication, steps' speed)."""
+    lr = cfg.learner
+
+    def fitting(**settings):
+        mem = estimate(**settings)
+        return mem if mem.total <= card else None
+
+    if not lr.gradient_checkpointing and (mem := fitting(checkpointing=True)):
+        return f"learner.gradient_checkpointing: true brings it to {mem.total / GIB:.1f} GiB"
+    chunks = [c for c in (2048, 1024, 512, 256) if c < (lr.logits_chunk_tokens or micro_batch_tokens(cfg))]
+    if chunk := next((c for c in chunks if fitting(checkpointing=True, chunk=c)), None):
+        total = estimate(checkpointing=True, chunk=chunk).total
+        return f"learner.logits_chunk_tokens: {chunk} brings it to {total / GIB:.1f} GiB"
+    fixes = []
+    if lr.zero_stage >= 1:  # sharded states shrink with every rank added (ranks that take whole prompt groups)
+        world = next((w for w in range(lr.num_workers + 1, MAX_RANKS + 1)
+                      if lr.prompts_per_step % w == 0 and fitting(checkpointing=True, world=w)), 0)
+        if world:
+            total = estimate(checkpointing=True, world=world).total
+            fixes.append(f"learner.num_workers: {world} ({total / GIB:.1f} GiB)")
+    if lr.zero_stage < 3 and (mem := fitting(checkpointing=True, zero_stage=3)):
+        fixes.append(f"learner.zero_stage: 3 ({mem.total / GIB:.1f} GiB)")
+    longest, tokens = PROMPT_TOKENS[cfg.task.name] + cfg.rollout.max_new_tokens, micro_batch_tokens(cfg)
+    if tokens > longest and fitting(checkpointing=True, tokens=longest):  # a row over the budget is alone
+        low, high = longest, tokens  # the largest budget that fits: fitting(low), not fitting(high)
+        while high - low > 1:
+            low, high = ((low + high) // 2, high) if fitting(checkpointing=True, tokens=(low + high) // 2) else \
+                (low, (low + high) // 2)
+        fixes.append(f"learner.max_tokens_per_micro_batch: {low} or less")
+    if fixes:
+        return "any of: " + "; ".join(fixes)
+    mem = estimate(checkpointing=True)
+    return (f"no setting of this spec fits one row of {longest} tokens: the states alone take "
+            f"{mem.states / GIB:.1f} GiB; ZeRO-3 with its optimizer offloaded to CPU (DeepSpeed's offload_optimizer), "
+            f"or a larger card")
+
+
+def engine_estimate(cfg: TrialConfig, shape: ModelShape, bf16: bool) -> EngineMemory:
+    lr, ro = cfg.learner, cfg.rollout
+    return engine_memory(shape, dtype_bytes=2 if bf16 else 4, tensor_parallel=ro.tensor_parallel_size,
+                         gpu_gb=lr.gpu_memory_gb, utilization=ro.gpu_memory_utilization,
+                         max_len=PROMPT_TOKENS[cfg.task.name] + ro.max_new_tokens,
+                         sequences=cfg.sequences_per_rank * -(-lr.num_workers // ro.num_engines))
+
+
+def colocated_lines(mem, eng: EngineMemory, card: float) -> list[str]:
+    """A learner rank and an engine on one GPU: while the engine generates, the learner keeps its states and
+    reserve (the client empties PyTorch's cache before the engine wakes); during the push the engine holds
+    its weights. The larger of the two moments must fit the card."""
+    generating = mem.states + mem.reserve + eng.budget
+    pushing = mem.states + mem.reserve + mem.push + eng.weights
+    line = (f"  colocated on one GPU: {max(generating, pushing) / GIB:.1f} GiB = learner states and reserve "
+            f"{(mem.states + mem.reserve) / GIB:.1f} + the larger of the engine's generation {eng.budget / GIB:.1f} "
+            f"and the push with the engine's weights {(mem.push + eng.weights) / GIB:.1f}")
+    if max(generating, pushing) <= card:
+        return [line, f"  colocated: fits ({max(generating, pushing) / GIB:.1f} of {card / GIB:.1f} GiB)"]
+    room = math.floor(100 * (card - mem.states - mem.reserve) / card) / 100  # rounded down: it must fit
+    fix = (f"rollout.gpu_memory_utilization <= {room:.2f}" if room > 0 and pushing <= card
+           else "engines on GPUs of their own (colocate: false), or more learner ranks to shard the states")
+    return [line, f"  colocated: WILL NOT FIT. {fix}"]
+
+
+def engine_lines(cfg: TrialConfig, eng: EngineMemory) -> list[str]:
+    ro = cfg.rollout
     head = (f"  rollout engine, per GPU of {ro.tensor_parallel_size}: {eng.budget / GIB:.1f} GiB "
             f"(gpu_memory_utilization {ro.gpu_memory_utilization:g}) = weights {eng.weights / GIB:.1f} + KV cache "
-            f"{eng.kv_room / GIB:.1f} ({eng.kv_per_sequence / 2**20:.0f} MiB a sequence at full length)")
+            f"{eng.kv_room / GIB:.1f} + vLLM's own {eng.budget * ENGINE_ACTIVATION_FRACTION / GIB:.1f} "
+            f"({eng.kv_per_sequence / 2**20:.0f} MiB a sequence at full length)")
     if eng.concurrent < 1:
         return [head, "  rollout engine: WILL NOT FIT one sequence at full length: raise gpu_memory_utilization or "
                       "rollout.tensor_parallel_size"]

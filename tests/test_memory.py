@@ -1,16 +1,21 @@
-"""The memory pre-flight: parameter counts exact, ZeRO sharding as DeepSpeed partitions, and the learner's
-estimate within 25% of the peak memory one real update takes on this CPU."""
+"""The memory pre-flight: parameter counts exact, ZeRO sharding as DeepSpeed partitions, the learner's
+estimate within 25% of the peak memory one real update takes on this CPU, the logits chunk's bytes as
+measured, every term of the paper specs against a table worked by hand, and fixes that reach."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from trainables.memory import GB, KNOWN_SHAPES, ModelShape, engine_memory, learner_memory
+from orchestrator.preflight import learner_estimate, memory_report
+from orchestrator.spec import load_trial_spec
+from trainables.memory import CHUNK_BYTES, GIB, KNOWN_SHAPES, ModelShape, card_bytes, engine_memory, learner_memory
 
 MEASURE = r"""
 import json, sys
@@ -89,7 +94,7 @@ def test_learner_estimate_is_within_a_quarter_of_a_real_update(config, rows, len
     assert measured["params"] == shape.params
     peak = measured["peak"]
     estimate = learner_memory(shape, dtype_bytes=4, zero_stage=0, world=1, tokens=rows * length,
-                              gradient_checkpointing=checkpointing, chunk_tokens=chunk, reserve_gb=0.0).total
+                              gradient_checkpointing=checkpointing, chunk_tokens=chunk, gpu=False).total
     assert abs(estimate - peak) <= 0.25 * peak, f"estimate {estimate / 2**20:.0f} MiB, measured {peak / 2**20:.0f} MiB"
 
 
@@ -108,13 +113,134 @@ def test_parameter_counts_are_exact():
 
 def test_zero_stages_shard_what_deepspeed_shards():
     shape = KNOWN_SHAPES["Qwen2.5-Math-7B"]
-    kw = dict(dtype_bytes=2, world=4, tokens=1, gradient_checkpointing=True, chunk_tokens=1, reserve_gb=0.0)
+    kw = dict(dtype_bytes=2, world=4, tokens=1, gradient_checkpointing=True, chunk_tokens=1, gpu=False)
     p = shape.params
     by_stage = {z: learner_memory(shape, zero_stage=z, **kw) for z in range(4)}
+    # no ZeRO: the bf16 optimizer's fp32 master, m, v and fp32 gradients; ZeRO-1 on: master, m, v sharded
     assert (by_stage[0].weights, by_stage[0].gradients, by_stage[0].optimizer) == (2 * p, 2 * p, 16 * p)
-    assert by_stage[1].optimizer == 4 * p and by_stage[1].gradients == 2 * p
+    assert by_stage[1].optimizer == 3 * p and by_stage[1].gradients == 2 * p
     assert by_stage[2].gradients == p / 2 and by_stage[2].weights == 2 * p
     assert by_stage[3].weights == p / 2
+    assert by_stage[2].step == 8 * p / 4 and by_stage[3].step == 8 * 10**9  # the partition; a ZeRO-3 sub-group
     eng = engine_memory(shape, dtype_bytes=2, tensor_parallel=2, gpu_gb=80, utilization=0.85, max_len=9216, sequences=64)
     assert eng.kv_per_sequence == 2 * 28 * 512 * 2 * 9216 / 2  # K = 4 heads x 128
-    assert eng.concurrent == int((0.85 * 80 * GB * 0.95 - p) // eng.kv_per_sequence)
+    assert eng.concurrent == int((0.85 * 81_559 * 2**20 * 0.95 - p) // eng.kv_per_sequence)
+
+
+CHUNK = r"""
+import json, sys, torch
+from trainables.logprobs import token_logprobs
+torch.set_num_threads(1)
+dtype, entropy = getattr(torch, sys.argv[1]), sys.argv[2]
+
+
+def peak() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
+def chunk(n, vocab, hidden=64):  # one chunk of n positions through the learner's pass, forward and backward
+    head = torch.nn.Linear(hidden, vocab, bias=False).to(dtype)
+    h = torch.randn(1, n, hidden, dtype=dtype, requires_grad=True)
+    logp, ent = token_logprobs(head, h, torch.randint(vocab, (1, n)), torch.ones(1, n, dtype=torch.bool),
+                               torch.full((1, n), 1.1), chunk_tokens=n, entropy=entropy)
+    (-logp.sum() + (0.01 * ent.sum() if entropy == "grad" else 0)).backward()
+
+
+chunk(16, 128)
+base = peak()
+chunk(512, 32000)
+print(json.dumps((peak() - base) / (512 * 32000)))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("entropy", list(CHUNK_BYTES))
+def test_a_logits_chunk_costs_what_the_estimate_says(dtype, entropy):
+    """Bytes per position x vocabulary entry of one chunk through `token_logprobs`, forward and backward, in a
+    fresh process: 32 with the entropy in the graph, 16 with it as a value, 12 without, in either dtype."""
+    out = subprocess.run([sys.executable, "-c", CHUNK, dtype, entropy], capture_output=True, text=True, check=True,
+                         env={**os.environ, **MALLOC_ENV})
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    assert abs(measured - CHUNK_BYTES[entropy]) <= 0.1 * CHUNK_BYTES[entropy], measured
+
+
+# The paper specs' learner ranks, worked by hand (GiB; bf16, 18,432-token micro-batches, chunks of 1,024
+# positions, the entropy bonus in the graph, checkpointing on, 4 ranks, 1,024 MiB NCCL buckets, a GPU rank).
+# 1.5B: P = 1,543,714,304, V = 151,936, H = 1,536, I = 8,960, K = 256, L = 28, ZeRO-2.
+#   weights 2P = 2.88; gradients 2P/4 = 0.72; optimizer 12P/4 = 4.31; step 8P/4 = 2.88;
+#   logits chunk 1024 V 32 + 2 V H 2 = 4.64 + 0.87 = 5.51; layer inputs 18432 L H 2 = 1.48; a layer's
+#   activations 18432 x 2 x (6H + 2K + 4I) = 1.56, twice 3.13 < 5.51: backward 1.48 + 5.51 = 6.98;
+#   push: the GPU copy 2P + a bucket = 2.88 + 1.00 = 3.88; reserve 1.5 + 5e8 x 2 = 2.43.
+#   Peak: 2.88 + 0.72 + 4.31 + 6.98 (backward) + 2.43 = 17.32.
+# 7B: P = 7,615,616,512, V = 152,064, H = 3,584, I = 18,944, K = 512, L = 28, ZeRO-3.
+#   weights 2P/4 = 3.55; gradients 2P/4 = 3.55; optimizer 12P/4 = 21.28; step 8 x 1e9 (a sub-group) = 7.45;
+#   logits chunk 4.64 + 2 V H 2 = 4.64 + 2.03 = 6.67; layer inputs 18432 L H 2 = 3.45; twice a layer's
+#   activations 6.75 > 6.67: backward 3.45 + 6.75 = 10.20; push: gathered 2P + the GPU copy 2P + a bucket
+#   = 14.19 + 14.19 + 1.00 = 29.37; reserve 1.5 + (5e8 + 1e9) x 2 = 4.29.
+#   Peak: 3.55 + 3.55 + 21.28 + 29.37 (the weight push) + 4.29 = 62.03.
+HAND = {
+    "grpo_qwen2.5_math_1.5b": dict(weights=2.88, gradients=0.72, optimizer=4.31, step=2.88, logits=5.51,
+                                   activations=6.98, push=3.88, reserve=2.43, total=17.32, peak_phase="backward"),
+    "grpo_qwen2.5_math_7b": dict(weights=3.55, gradients=3.55, optimizer=21.28, step=7.45, logits=6.67,
+                                 activations=10.20, push=29.37, reserve=4.29, total=62.03, peak_phase="weight push"),
+}
+PAPER = Path(__file__).resolve().parent.parent / "search_spaces" / "paper"
+
+
+@pytest.mark.parametrize("spec", list(HAND))
+def test_paper_specs_learner_terms_match_the_hand_worked_table(spec):
+    cfg = load_trial_spec(PAPER / f"{spec}.yaml", check_files=False)
+    mem = learner_estimate(cfg, KNOWN_SHAPES[cfg.model.path.rsplit("/", 1)[-1]], 2)()
+    for term, hand in HAND[spec].items():
+        value = getattr(mem, term)
+        assert (value == hand) if isinstance(hand, str) else abs(value / GIB - hand) < 0.006, (term, value / GIB, hand)
+    report = memory_report(cfg)
+    assert f"{HAND[spec]['total']:.2f} GiB = " in report and "learner: fits" in report
+
+
+def test_cards_are_taken_at_the_size_they_report():
+    assert card_bytes(80)[0] == 81_559 * 2**20 and "79.6 GiB as the card reports" in card_bytes(80)[1]
+    assert card_bytes(141)[0] / GIB > 140 and card_bytes(24)[0] == 24 * 10**9
+
+
+def test_a_spec_that_does_not_fit_is_told_a_fix_that_reaches():
+    """7B on two 80 GB ranks: the states alone exceed the card, so no token budget can fix it; what can is
+    named (more ranks, that take whole prompt groups), and the named fix does fit. A spec whose activations
+    are the excess is told the largest token budget that fits, never one below a single row; one whose
+    logits chunk is the excess, a smaller chunk."""
+    over = ["learner.num_workers=2", "learner.gpu_memory_gb=80"]
+    cfg = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over, check_files=False)
+    report = memory_report(cfg)
+    assert "WILL NOT FIT" in report and "max_tokens_per_micro_batch" not in report
+    (world,) = [int(w) for w in re.findall(r"learner\.num_workers: (\d+)", report)]
+    fixed = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over + [f"learner.num_workers={world}"],
+                            check_files=False)
+    assert "learner: fits" in memory_report(fixed)
+    tight = ["learner.max_tokens_per_micro_batch=200000", "learner.gpu_memory_gb=24"]
+    cfg = load_trial_spec(PAPER / "grpo_qwen2.5_math_1.5b.yaml", tight + ["learner.num_workers=8"], check_files=False)
+    report = memory_report(cfg)
+    budget = int(re.search(r"max_tokens_per_micro_batch: (\d+)", report).group(1))
+    assert budget >= 1024 + 8192
+    fixed = load_trial_spec(PAPER / "grpo_qwen2.5_math_1.5b.yaml",
+                            tight + ["learner.num_workers=8", f"learner.max_tokens_per_micro_batch={budget}"],
+                            check_files=False)
+    assert "learner: fits" in memory_report(fixed)
+    wide = load_trial_spec(PAPER / "grpo_qwen2.5_math_1.5b.yaml", ["learner.logits_chunk_tokens=16384",
+                                                                  "learner.gpu_memory_gb=40"], check_files=False)
+    assert "WILL NOT FIT. learner.logits_chunk_tokens: 2048 brings it to" in memory_report(wide)
+
+
+def test_a_colocated_engine_and_learner_are_summed_on_their_card():
+    """Each alone fits a 141 GB card; the engine at 0.85 of it beside the learner's states does not, and the
+    utilization that leaves the learner its room is named."""
+    over = ["rollout.colocate=true", "rollout.num_gpus=0.5", "rollout.tensor_parallel_size=1",
+            "rollout.weight_transfer=ipc"]
+    cfg = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over, check_files=False)
+    report = memory_report(cfg)
+    assert "learner: fits" in report and "rollout engine: fits" in report
+    assert "colocated: WILL NOT FIT. rollout.gpu_memory_utilization <= 0." in report
+    room = float(re.search(r"gpu_memory_utilization <= (0\.\d+)", report).group(1))
+    fixed = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over + [f"rollout.gpu_memory_utilization={room}"],
+                            check_files=False)
+    assert "colocated: fits" in memory_report(fixed)

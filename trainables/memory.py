@@ -1,19 +1,28 @@
 """A memory pre-flight: the peak GPU memory of one learner rank and of one rollout engine, estimated from
 the model's shape and the spec, before anything starts (`--dry-run`).
 
-Learner rank (bytes; P parameters, b bytes per weight in the learner's dtype, W ranks, ZeRO stage z):
+Learner rank (bytes; P parameters, b bytes per weight in the learner's dtype, W ranks, ZeRO stage z), the
+terms as DeepSpeed's ZeRO (runtime/zero/stage_1_and_2.py, stage3.py, at its default buckets) holds them:
 
     weights      P b                 / W under ZeRO-3
-    gradients    P b                 / W under ZeRO-2, 3
+    gradients    P b                 / W under ZeRO-2, 3 (partitions kept in the weights' dtype)
     optimizer    P (8 + 4 [bf16])    / W under ZeRO-1, 2, 3   (Adam's m and v in fp32, fp32 master weights)
-                 + P 4 [bf16]        / W under ZeRO-1, 2, 3   (fp32 gradient partitions of the bf16 optimizer)
+                 + P 4 [bf16, no ZeRO]                         (the bf16 optimizer's fp32 gradients)
     activations  per token, per layer: b (6 H + 2 K + 4 I) kept for backward (H hidden, K the key/value
                  width, I the MLP width); with gradient checkpointing only the layer input, b H, per
                  layer, then one layer's activations recomputed at a time
-    logits       one chunk of C positions: C V (b + 12) (the head's output, its fp32 copy, log-softmax
-                 and two gradients), and two transient gradients of the V x H embedding matrix
-    step         the optimizer step's temporaries, ~3 x 4 bytes x the largest tensor it updates; they
-                 come after backward, so the peak is the states plus the larger of the two
+    logits       one chunk of C positions: C V c, c = 32 bytes with the entropy in the graph (an entropy
+                 bonus), 16 with it as a value, 12 without (measured, tests/test_memory.py), and two
+                 gradients of the V x H embedding matrix (a chunk's head gradient, the embedding's)
+    step         the optimizer step's temporaries: under ZeRO 8 bytes per element of what it steps at
+                 once (the gradient cast to fp32 and AdamW's denominator), the rank's partition, or a
+                 ZeRO-3 sub-group of at most 1e9 elements; without ZeRO ~3 x 4 bytes x the largest tensor
+    push         the weight push (`weight_push_memory`): what it gathers and copies beyond the states
+    reserve      on a GPU the CUDA context and NCCL communicators (1.5 GiB), and ZeRO's buffers: the
+                 gradient reduce bucket (5e8 elements) and under ZeRO-3 the live gathered parameters (1e9)
+
+The peak is the states plus the largest of three moments that come one after another (backward, the
+optimizer step, the weight push), plus the reserve.
 
 Rollout engine (vLLM preallocates `gpu_memory_utilization` of its GPUs): weights P b / tp, then the KV
 cache, 2 L K b per token / tp, for its sequences at full length.
@@ -28,8 +37,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
-GB = 10**9  # GPUs are sold in GB: an 80 GB card holds 74.5 GiB
-FRAMEWORK_RESERVE_GB = 2.0  # CUDA context, NCCL buffers, allocator fragmentation: a conservative allowance
+GB = 10**9
+# What nvidia-smi reports for the memory sizes cards are sold by: H100 80GB (an A100 80GB reports 81,920),
+# H200 141GB, A100 40GB. Another size is taken as GB of 10^9 bytes, less than any card of that size has.
+CARD_MIB = {80: 81_559, 141: 143_771, 40: 40_960}
+CONTEXT_GIB = 1.5  # a GPU rank's CUDA context, NCCL communicators and allocator slack
+# DeepSpeed's ZeRO defaults (runtime/zero/config.py), which the learner's config leaves as they are.
+REDUCE_BUCKET = 5 * 10**8  # gradient elements reduced at once (stages 1-3)
+MAX_LIVE_PARAMETERS = 10**9  # ZeRO-3: gathered parameters alive at once
+SUB_GROUP = 10**9  # ZeRO-3: elements the optimizer steps at once
+CHUNK_BYTES = {"grad": 32, "value": 16, "none": 12}  # per position x vocabulary entry, by the entropy's mode
 ENGINE_ACTIVATION_FRACTION = 0.05  # of the engine's share left for vLLM's own activations and graphs
 
 
@@ -77,51 +94,88 @@ KNOWN_SHAPES = {
 }
 
 
+def card_bytes(gpu_gb: float) -> tuple[float, str]:
+    """(bytes, how they were taken) of a card sold as `gpu_gb` GB."""
+    if gpu_gb in CARD_MIB:
+        return CARD_MIB[gpu_gb] * 2**20, f"{CARD_MIB[gpu_gb] * 2**20 / GIB:.1f} GiB as the card reports"
+    return gpu_gb * GB, f"{gpu_gb * GB / GIB:.1f} GiB, taken as 10^9 bytes a GB"
+
+
 @dataclass(frozen=True)
 class LearnerMemory:
     weights: float
     gradients: float
     optimizer: float
     activations: float  # what the backward pass holds at its peak besides the states (logits chunk included)
-    logits: float  # of which the logits chunk
+    logits: float  # of which the logits chunk and the embedding's gradients
     step: float  # the optimizer step's temporaries (after backward, when the activations are gone)
-    reserve: float
+    push: float  # the weight push's (after the step)
+    reserve: float  # context and ZeRO's buffers
+    buckets: float  # of which ZeRO's buffers
+
+    @property
+    def states(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def phases(self) -> dict[str, float]:
+        return {"backward": self.activations, "optimizer step": self.step, "weight push": self.push}
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
 
     @property
     def total(self) -> float:
-        states = self.weights + self.gradients + self.optimizer
-        return states + max(self.activations, self.step) + self.reserve
+        return self.states + self.phases[self.peak_phase] + self.reserve
 
 
 def learner_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, world: int, tokens: int,
-                   gradient_checkpointing: bool, chunk_tokens: int, reserve_gb: float = FRAMEWORK_RESERVE_GB,
-                   ) -> LearnerMemory:
+                   gradient_checkpointing: bool, chunk_tokens: int, entropy: str = "value", push: float = 0.0,
+                   gpu: bool = True) -> LearnerMemory:
     """Peak bytes of one learner rank at its largest micro-batch of `tokens` (rows x longest row), in the
-    steady state (the optimizer's states exist from the first step on).
+    steady state (the optimizer's states exist from the first step on). `entropy`: how the learner's
+    pass computes it (`trainables.logprobs.ENTROPY_MODES`); `push`: `weight_push_memory`'s bytes; `gpu`:
+    a GPU rank has a CUDA context, and its caching allocator holds ZeRO's reduce bucket whole (a CPU
+    rank's pages exist only as far as the bucket is used, the model's gradients at most).
 
-    The peak is the larger of two moments: backward's start, with every saved activation alive and a
-    logits chunk recomputed (without checkpointing they add up; with it only the layer inputs are
-    saved, and a layer's recomputed activations come after the logits), and the optimizer step, whose
-    temporaries are about three copies of the largest tensor it updates (the fp32 partition under ZeRO).
+    Backward's peak has every saved activation alive and a logits chunk recomputed (without
+    checkpointing they add up; with it only the layer inputs are saved, and a layer's recomputed
+    activations come after the logits).
     """
     p, b = shape.params, dtype_bytes
 
     def shard(nbytes: float, from_stage: int) -> float:
         return nbytes / world if zero_stage >= from_stage else nbytes
 
-    master = 4 if b < 4 else 0  # a bf16 learner keeps fp32 master weights and fp32 gradient partitions
+    master = 4 if b < 4 else 0  # a bf16 learner keeps fp32 master weights
     per_layer = tokens * b * (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate)
-    logits = min(chunk_tokens, tokens) * shape.vocab * (b + 12)  # head output, fp32 copy, log-softmax, 2 grads
-    logits += 2 * shape.vocab * shape.hidden * b  # a chunk's head-weight gradient before it is accumulated, and
-    #                                               the embedding's (dense) gradient
+    logits = min(chunk_tokens, tokens) * shape.vocab * CHUNK_BYTES[entropy] + 2 * shape.vocab * shape.hidden * b
     if gradient_checkpointing:
         activations = tokens * shape.layers * b * shape.hidden + max(logits, 2 * per_layer)
     else:
         activations = shape.layers * per_layer + logits
-    largest = p / world if zero_stage >= 1 else shape.vocab * shape.hidden
+    optimizer = shard(p * (8 + master), 1) + (p * master if zero_stage == 0 else 0)
+    if zero_stage == 0:
+        step = 3 * 4 * shape.vocab * shape.hidden
+    else:
+        step = 8 * (min(SUB_GROUP, p / world) if zero_stage == 3 else p / world)
+    reduced = REDUCE_BUCKET if gpu else min(REDUCE_BUCKET, p)
+    buckets = (reduced * b if zero_stage >= 1 else 0) + (min(MAX_LIVE_PARAMETERS, p) * b if zero_stage == 3 else 0)
     return LearnerMemory(
-        weights=shard(p * b, 3), gradients=shard(p * b, 2), optimizer=shard(p * (8 + 2 * master), 1),
-        activations=activations, logits=logits, step=3 * 4 * largest, reserve=reserve_gb * GIB)
+        weights=shard(p * b, 3), gradients=shard(p * b, 2), optimizer=optimizer, activations=activations,
+        logits=logits, step=step, push=push, reserve=(CONTEXT_GIB * GIB if gpu else 0) + buckets,
+        buckets=buckets)
+
+
+def weight_push_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, copied_here: bool,
+                       bucket_bytes: int) -> float:
+    """What a weight push holds on a learner rank beyond its states (`Learner.full_state_dict`): under
+    ZeRO-3 the full model gathered on every rank, the full copy where it lands in the rank's own memory
+    (a transfer from the GPU: nccl, ipc; any on a CPU rank), and one packed bucket where it broadcasts in
+    buckets (`bucket_bytes`; 0 for none)."""
+    full = shape.params * dtype_bytes
+    return (full if zero_stage == 3 else 0) + (full if copied_here else 0) + bucket_bytes
 
 
 @dataclass(frozen=True)
@@ -145,5 +199,5 @@ def engine_memory(shape: ModelShape, *, dtype_bytes: int, tensor_parallel: int, 
                   utilization: float, max_len: int, sequences: int) -> EngineMemory:
     """One vLLM engine over `tensor_parallel` GPUs of `gpu_gb` each."""
     kv = 2 * shape.layers * shape.kv_width * dtype_bytes * max_len / tensor_parallel
-    return EngineMemory(budget=utilization * gpu_gb * GB, weights=shape.params * dtype_bytes / tensor_parallel,
+    return EngineMemory(budget=utilization * card_bytes(gpu_gb)[0], weights=shape.params * dtype_bytes / tensor_parallel,
                         kv_per_sequence=kv, sequences=sequences)

@@ -15,6 +15,8 @@ TIS_LEVELS = ("token", "sequence")
 # trainables.rollout.service: rollout engines; trainables.rollout.push: weight transfers
 ENGINES = ("hf", "vllm")
 WEIGHT_PUSHES = ("object_store", "gloo", "nccl", "ipc")
+PUSHES_FROM_DEVICE = ("nccl", "ipc")  # sent from a copy on the learner's GPU
+BUCKETED_PUSHES = ("gloo", "nccl")  # broadcast in buckets of rollout.weight_bucket_mb
 
 # trainables.data.models: model presets
 TINY_PRESET = "tiny"  # the embedded default, built from its spec section

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import ray
+import torch
 
 from trainables import calls
 from trainables.ranks import barrier, reduce_max
@@ -45,6 +46,8 @@ class RolloutClient:
     def sync(self) -> None:
         """Push the learner's weights to every engine (`rollout.weight_transfer`); an engine that is lost
         meanwhile gets them again once Ray has restarted it."""
+        if self.cfg.colocate:  # the engine wakes on this GPU: the learner's cached blocks go back first
+            torch.cuda.empty_cache()  # (the memory pre-flight's colocated sum counts only what is live)
         on_gpu = WEIGHT_PUSHES[self.cfg.weight_transfer].on_gpu  # sent from the learner's GPU
         state = self.learner.full_state_dict(keep_device=on_gpu)  # collective under ZeRO-3
         state = self.push.prepare(state)  # collective for ipc

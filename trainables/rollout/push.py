@@ -228,6 +228,8 @@ WEIGHT_PUSHES: dict[str, Transfer] = {
     "ipc": Transfer(IpcPush, on_gpu=True, engine_transfer=True),
 }
 same_names(WEIGHT_PUSHES, names.WEIGHT_PUSHES, "weight transfers")
+assert {name for name, t in WEIGHT_PUSHES.items() if t.on_gpu} == set(names.PUSHES_FROM_DEVICE)
+assert {name for name, t in WEIGHT_PUSHES.items() if issubclass(t.push, GroupPush)} == set(names.BUCKETED_PUSHES)
 
 
 def weight_push(engines: list, cfg) -> WeightPush:
