@@ -61,6 +61,8 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "learner memory per response token / fp32 logits row (V = 151,936)": ("<=", 0.25),
     "learner memory per response token / fp32 logits row, full-logits pass": None,
     "learner update tokens/s, chunked / full-logits pass": (">=", 0.95),
+    "weight push peak extra memory / model size, ZeRO-3": ("<=", 0.1),
+    "weight push peak extra memory / model size, whole-model copy first": None,
     "decisions: P(false better/worse), all equal, new": ("<=", 0.05),
     "decisions: P(false better/worse), all equal, old": None,
     "decisions: P(truly best pruned), 1 SD better, new": ("<=", 0.10),
@@ -182,12 +184,17 @@ def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tu
 
 
 def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
-    from bench.learner import learner_figures
+    from bench.learner import learner_figures, push_figures
     from trainables.data.models import resolve_model_path
 
     console.print("[bold]learner[/bold]: old log-probs + update, chunked and full-logits passes, fresh processes")
     figures = learner_figures(cfg, quick, str(resolve_model_path(cfg.model, cfg.cache_dir)))
-    return {"learner memory per response token / fp32 logits row (V = 151,936)":
+    console.print("[bold]learner[/bold]: the weight push, by buckets and by a whole copy, fresh processes")
+    figures["push"] = push_figures(cfg)
+    return {"weight push peak extra memory / model size, ZeRO-3": figures["push"]["buckets"]["extra_over_model"],
+            "weight push peak extra memory / model size, whole-model copy first":
+            figures["push"]["whole"]["extra_over_model"],
+            "learner memory per response token / fp32 logits row (V = 151,936)":
             figures["chunked"]["per_token_over_logits_row"],
             "learner memory per response token / fp32 logits row, full-logits pass":
             figures["full"]["per_token_over_logits_row"],

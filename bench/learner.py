@@ -8,7 +8,12 @@ pass (`learner.logits_chunk_tokens: null`), side by side:
   speed   tokens per second of old log-probs + update on the embedded default's policy and rollouts,
           chunked over full, in alternating paired rounds (interquartile mean of the per-round ratios).
 
-python -m bench.learner memory|speed JSON runs one measurement and prints its figures as JSON.
+  push    the weight push's peak memory beyond the learner's states, over the model's size, on a
+          24-layer body under ZeRO-3 sending over gloo to a receiving process in 4 MiB buckets: a bucket
+          at a time from the partitions (the push as trials run it) and, side by side, the whole model
+          gathered and copied first (the push before).
+
+python -m bench.learner memory|speed|push JSON runs one measurement and prints its figures as JSON.
 """
 
 from __future__ import annotations
@@ -102,6 +107,47 @@ def measure_speed(spec: dict) -> dict:
     return {"ratios": ratios, "tokens": rollouts.num_tokens}
 
 
+def _receive(port: int, plan) -> None:
+    """The engine's side of `measure_push`, in its own process: every bucket received, then dropped."""
+    from trainables.rollout.weight_sync import gloo_group, receive_buckets
+
+    group = gloo_group("127.0.0.1", port, 1, 2, timeout_s=120)
+    for _ in receive_buckets(plan, group=group):
+        pass
+
+
+def measure_push(spec: dict) -> dict:
+    """Subprocess: the push's peak RSS over the RSS before it (the high-water mark reset), and its seconds."""
+    import multiprocessing
+
+    from trainables.rollout.push import GlooPush, learner_weights
+    from trainables.rollout.weight_sync import Weights, free_port, gloo_group, send_buckets
+
+    learner = _learner(spec["model"], spec["trial"])
+    push = GlooPush([], spec["bucket_bytes"])
+    weights = learner_weights(learner, push, "cpu")
+    plan = weights.plan()
+    port = free_port("127.0.0.1")
+    receiver = multiprocessing.get_context("spawn").Process(target=_receive, args=(port, plan))
+    receiver.start()
+    group = gloo_group("127.0.0.1", port, 0, 2, timeout_s=120)
+    with open("/proc/self/clear_refs", "w") as refs:  # the high-water mark from here on
+        refs.write("5")
+    base, start = _rss(), time.perf_counter()
+    if spec["whole"]:  # the push before: the whole model gathered and copied, then sent in buckets
+        weights = Weights.of(learner.full_state_dict(), spec["bucket_bytes"])
+    send_buckets(weights.buckets, plan, group=group)
+    seconds = time.perf_counter() - start
+    receiver.join()
+    model_bytes = sum(m.nbytes for m in weights.metas)
+    return {"extra_bytes": _peak_rss() - base, "model_bytes": model_bytes, "seconds": seconds}
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
 def _run(kind: str, spec: dict) -> dict:
     out = subprocess.run([sys.executable, "-m", "bench.learner", kind, json.dumps(spec)], capture_output=True,
                          text=True, env={**os.environ, **MALLOC_ENV})
@@ -119,6 +165,31 @@ def _wide_vocab_model(folder: str) -> str:
                          max_position_embeddings=2048)
     Qwen2ForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+def _deep_model(folder: str) -> str:
+    """A 24-layer Qwen2 body with a small vocabulary (312 MB in fp32, random weights): many buckets, none
+    forced large by the embedding."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=512, num_hidden_layers=24, intermediate_size=1536, num_attention_heads=8,
+                         num_key_value_heads=4, vocab_size=4096, tie_word_embeddings=True,
+                         max_position_embeddings=2048)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def push_figures(cfg) -> dict:
+    """The push's peak memory over the model's size, by buckets and by a whole copy, side by side."""
+    trial = cfg.model_dump(mode="json")
+    trial["learner"] |= {"num_workers": 1, "zero_stage": 3}
+    with tempfile.TemporaryDirectory() as folder:
+        model = _deep_model(folder)
+        figures = {name: _run("push", {"model": model, "trial": trial, "bucket_bytes": 4 * 2**20, "whole": whole})
+                   for name, whole in (("buckets", False), ("whole", True))}
+    for figure in figures.values():
+        figure["extra_over_model"] = figure["extra_bytes"] / figure["model_bytes"]
+    return figures
 
 
 def interquartile_mean(values: list[float]) -> float:
@@ -148,4 +219,4 @@ def learner_figures(cfg, quick: bool, tiny_model: str) -> dict:
 
 if __name__ == "__main__":
     kind, spec = sys.argv[1], json.loads(sys.argv[2])
-    print(json.dumps((measure_memory if kind == "memory" else measure_speed)(spec)))
+    print(json.dumps({"memory": measure_memory, "speed": measure_speed, "push": measure_push}[kind](spec)))

@@ -14,8 +14,7 @@ from pathlib import Path
 from trainables.config import TrialConfig
 from trainables.memory import (ENGINE_ACTIVATION_FRACTION, GIB, KNOWN_SHAPES, EngineMemory, ModelShape,
                                 card_bytes, engine_memory, learner_memory, weight_push_memory)
-from trainables.names import (BUCKETED_PUSHES, PUSHES_FROM_DEVICE, SMOLLM2_PRESET, TINY_MAX_POSITIONS,
-                              TINY_PRESET)
+from trainables.names import PUSH_BUFFERS, SMOLLM2_PRESET, TINY_MAX_POSITIONS, TINY_PRESET
 
 PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's prompt allowance, by task
 # (LUFFY's max_prompt_length for real data; the built-in task's prompts are a few dozen tokens)
@@ -109,10 +108,10 @@ def learner_estimate(cfg: TrialConfig, shape: ModelShape, dtype_bytes: int):
     def estimate(checkpointing: bool = lr.gradient_checkpointing, zero_stage: int = lr.zero_stage,
                  world: int = lr.num_workers, tokens: int | None = None, chunk: int | None = lr.logits_chunk_tokens):
         tokens = tokens or micro_batch_tokens(cfg)
-        push = weight_push_memory(  # on a CPU rank the copy is in the rank's own memory, whatever the transfer
-            shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage,
-            copied_here=ro.weight_transfer in PUSHES_FROM_DEVICE or not lr.use_gpu,
-            bucket_bytes=ro.weight_bucket_mb * 2**20 if ro.weight_transfer in BUCKETED_PUSHES else 0)
+        buffers, where = PUSH_BUFFERS[ro.weight_transfer]  # a CPU rank's host memory is its own
+        push = weight_push_memory(shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage,
+                                  bucket_bytes=ro.weight_bucket_mb * 2**20,
+                                  buffers=buffers if where == "device" or not lr.use_gpu else 0)
         return learner_memory(shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage, world=world, tokens=tokens,
                               gradient_checkpointing=checkpointing, chunk_tokens=chunk or tokens,
                               entropy="grad" if cfg.algorithm.entropy_coef else "value", push=push,

@@ -1,4 +1,5 @@
-"""The learner's token columns line up with the rollout engine's sampled log-probs."""
+"""The learner's token columns line up with the rollout engine's sampled log-probs; data parallelism
+changes no update; the weight push, a bucket at a time from the ZeRO partitions, lands bit for bit."""
 
 from __future__ import annotations
 
@@ -101,7 +102,9 @@ def test_learner_at_the_rollout_temperature_is_on_policy(tiny_model_path):
 
 
 def one_update(config: dict) -> None:
-    """Ray Train worker: one optimizer step on this rank's shard of a fixed global batch."""
+    """Ray Train worker: one optimizer step on this rank's shard of a fixed global batch; with "engines",
+    then the trial's weight push to them (`RolloutClient.sync`: every rank makes each bucket, rank 0
+    sends it)."""
     import ray.train
 
     from trainables.learner import Learner
@@ -117,6 +120,10 @@ def one_update(config: dict) -> None:
     batch = build_train_batch(shard, pad_id=0)
     logp_old, _ = learner.old_logprobs(batch)
     learner.update(batch, config["advantages"][rows], logp_old, torch.ones_like(logp_old))
+    if config.get("engines"):
+        from trainables.rollout.client import RolloutClient
+
+        RolloutClient(config["engines"], learner.cfg.rollout, learner, trial="push", rank=rank, timeout_s=60).sync()
     state = learner.full_state_dict()  # every rank calls it (a collective under ZeRO-3)
     if rank == 0:
         torch.save(state, config["out"])
@@ -125,14 +132,8 @@ def one_update(config: dict) -> None:
 @pytest.mark.slow
 def test_one_and_two_workers_give_the_same_weights(ray_cluster, rollouts, tiny_model_path, tmp_path):
     """The loss is normalised by GLOBAL counts: micro-batching and data parallelism change nothing."""
-    import sys
-
-    from ray import cloudpickle
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
     from transformers import AutoModelForCausalLM
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
     lr = 1e-3
     advantages = torch.randn(PROMPTS * GROUP, generator=torch.Generator().manual_seed(0))
     weights = {}
@@ -147,16 +148,8 @@ def test_one_and_two_workers_give_the_same_weights(ray_cluster, rollouts, tiny_m
             "rollout": {"group_size": GROUP, "max_new_tokens": 24},
             "learner": {"num_workers": world, "prompts_per_step": PROMPTS, "micro_batch_size": 4, "lr": lr, **options},
         })
-        out = tmp_path / f"weights-{run}.pt"
-        TorchTrainer(
-            one_update,
-            train_loop_config={"trial": trial.model_dump(mode="json"), "rollouts": rollouts, "out": str(out),
-                               "model_path": str(tiny_model_path), "advantages": advantages},
-            torch_config=TorchConfig(backend="gloo"),
-            scaling_config=ScalingConfig(num_workers=world, resources_per_worker={"CPU": 1}),
-            run_config=RunConfig(name=f"dp-{run}", storage_path=str(tmp_path / "ray")),
-        ).fit()
-        weights[run] = torch.load(out)
+        weights[run] = train_once(f"dp-{run}", trial, {"rollouts": rollouts, "model_path": str(tiny_model_path),
+                                                       "advantages": advantages}, tmp_path)
     before = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     moved = max((weights[1][k] - before[k]).abs().max().item() for k in before)
     # Adam's first step moves a weight by up to lr; summation order may differ in the last bits.
@@ -168,3 +161,52 @@ def test_one_and_two_workers_give_the_same_weights(ray_cluster, rollouts, tiny_m
     # Measured: 4 of 878,464 weights past 1e-2 lr, by at most 0.04 lr (ZeRO-3 alone, before this change: the same 4).
     apart = torch.cat([(weights["tokens"][k] - weights[1][k]).abs().flatten() for k in before])
     assert int((apart > 1e-2 * lr).sum()) <= 1e-4 * apart.numel() and apart.max() < 0.1 * lr, apart.max()
+
+
+def train_once(name: str, trial: TrialConfig, config: dict, tmp_path) -> dict[str, torch.Tensor]:
+    """One update on trial.learner.num_workers Ray Train workers (`one_update`); the learner's whole weights."""
+    import sys
+
+    from ray import cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
+    out = tmp_path / f"weights-{name}.pt"
+    TorchTrainer(
+        one_update, train_loop_config={**config, "trial": trial.model_dump(mode="json"), "out": str(out)},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=trial.learner.num_workers, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path / "ray")),
+    ).fit()
+    return torch.load(out)
+
+
+@pytest.mark.slow
+def test_the_weight_push_lands_every_tensor_bit_for_bit(ray_cluster, rollouts, tiny_model_path, tmp_path):
+    """After an update, the trial's push (1 MiB buckets: several per push, each made from the ZeRO
+    partitions and freed) leaves in the engines exactly the learner's weights, at ZeRO-1, 2 and 3 on 1 and
+    2 ranks, through Ray's object store and over gloo."""
+    import ray
+
+    from trainables.rollout.service import start_rollout_service
+
+    runs = [(1, 1, "gloo"), (1, 2, "object_store"), (2, 1, "object_store"), (2, 2, "gloo"), (3, 1, "gloo"),
+            (3, 2, "object_store"), (3, 2, "gloo")]
+    initial = HFEngine(tiny_model_path).model.state_dict()
+    assert sum(t.numel() * t.element_size() for t in initial.values()) > 3 * 2**20  # more than 3 buckets
+    for zero, world, transfer in runs:
+        rollout = {"group_size": GROUP, "max_new_tokens": 24, "weight_transfer": transfer, "weight_bucket_mb": 1}
+        trial = TrialConfig.model_validate({"rollout": rollout, "learner": {
+            "num_workers": world, "prompts_per_step": PROMPTS, "micro_batch_size": 4, "lr": 1e-3, "zero_stage": zero}})
+        engines = [start_rollout_service(trial.rollout, tiny_model_path) for _ in range(2)]
+        learner = train_once(f"push-{zero}-{world}-{transfer}", trial, {
+            "rollouts": rollouts, "model_path": str(tiny_model_path), "engines": engines,
+            "advantages": torch.randn(PROMPTS * GROUP, generator=torch.Generator().manual_seed(zero))}, tmp_path)
+        assert any(not torch.equal(learner[k], initial[k]) for k in initial)  # the update moved the weights
+        for engine in engines:
+            held = ray.get(engine.__ray_call__.remote(lambda service: service.engine.model.state_dict()))
+            assert list(held) == list(learner), (zero, world, transfer)
+            for name, tensor in learner.items():
+                assert torch.equal(held[name], tensor), (zero, world, transfer, name)
+            ray.kill(engine)

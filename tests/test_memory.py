@@ -166,24 +166,26 @@ def test_a_logits_chunk_costs_what_the_estimate_says(dtype, entropy):
 
 
 # The paper specs' learner ranks, worked by hand (GiB; bf16, 18,432-token micro-batches, chunks of 1,024
-# positions, the entropy bonus in the graph, checkpointing on, 4 ranks, 1,024 MiB NCCL buckets, a GPU rank).
+# positions, the entropy bonus in the graph, checkpointing on, 4 ranks, a GPU rank, the weights pushed over
+# NCCL in 1,024 MiB buckets, vLLM's two packing buffers on the learner's GPU).
 # 1.5B: P = 1,543,714,304, V = 151,936, H = 1,536, I = 8,960, K = 256, L = 28, ZeRO-2.
 #   weights 2P = 2.88; gradients 2P/4 = 0.72; optimizer 12P/4 = 4.31; step 8P/4 = 2.88;
 #   logits chunk 1024 V 32 + 2 V H 2 = 4.64 + 0.87 = 5.51; layer inputs 18432 L H 2 = 1.48; a layer's
 #   activations 18432 x 2 x (6H + 2K + 4I) = 1.56, twice 3.13 < 5.51: backward 1.48 + 5.51 = 6.98;
-#   push: the GPU copy 2P + a bucket = 2.88 + 1.00 = 3.88; reserve 1.5 + 5e8 x 2 = 2.43.
+#   push: two packing buffers of a bucket, 2 x 1.00 = 2.00; reserve 1.5 + 5e8 x 2 = 2.43.
 #   Peak: 2.88 + 0.72 + 4.31 + 6.98 (backward) + 2.43 = 17.32.
 # 7B: P = 7,615,616,512, V = 152,064, H = 3,584, I = 18,944, K = 512, L = 28, ZeRO-3.
 #   weights 2P/4 = 3.55; gradients 2P/4 = 3.55; optimizer 12P/4 = 21.28; step 8 x 1e9 (a sub-group) = 7.45;
 #   logits chunk 4.64 + 2 V H 2 = 4.64 + 2.03 = 6.67; layer inputs 18432 L H 2 = 3.45; twice a layer's
-#   activations 6.75 > 6.67: backward 3.45 + 6.75 = 10.20; push: gathered 2P + the GPU copy 2P + a bucket
-#   = 14.19 + 14.19 + 1.00 = 29.37; reserve 1.5 + (5e8 + 1e9) x 2 = 4.29.
-#   Peak: 3.55 + 3.55 + 21.28 + 29.37 (the weight push) + 4.29 = 62.03.
+#   activations 6.75 > 6.67: backward 3.45 + 6.75 = 10.20; push: the embedding (V H 2 = 1.015) is larger
+#   than a bucket, so a bucket is 1.015: one gathered, two packing buffers, 3.05;
+#   reserve 1.5 + (5e8 + 1e9) x 2 = 4.29.
+#   Peak: 3.55 + 3.55 + 21.28 + 10.20 (backward) + 4.29 = 42.86.
 HAND = {
     "grpo_qwen2.5_math_1.5b": dict(weights=2.88, gradients=0.72, optimizer=4.31, step=2.88, logits=5.51,
-                                   activations=6.98, push=3.88, reserve=2.43, total=17.32, peak_phase="backward"),
+                                   activations=6.98, push=2.00, reserve=2.43, total=17.32, peak_phase="backward"),
     "grpo_qwen2.5_math_7b": dict(weights=3.55, gradients=3.55, optimizer=21.28, step=7.45, logits=6.67,
-                                 activations=10.20, push=29.37, reserve=4.29, total=62.03, peak_phase="weight push"),
+                                 activations=10.20, push=3.05, reserve=4.29, total=42.86, peak_phase="backward"),
 }
 PAPER = Path(__file__).resolve().parent.parent / "search_spaces" / "paper"
 
@@ -205,11 +207,11 @@ def test_cards_are_taken_at_the_size_they_report():
 
 
 def test_a_spec_that_does_not_fit_is_told_a_fix_that_reaches():
-    """7B on two 80 GB ranks: the states alone exceed the card, so no token budget can fix it; what can is
+    """7B on one 80 GB rank: the states alone exceed the card, so no token budget can fix it; what can is
     named (more ranks, that take whole prompt groups), and the named fix does fit. A spec whose activations
     are the excess is told the largest token budget that fits, never one below a single row; one whose
     logits chunk is the excess, a smaller chunk."""
-    over = ["learner.num_workers=2", "learner.gpu_memory_gb=80"]
+    over = ["learner.num_workers=1", "rollout.num_engines=1", "learner.gpu_memory_gb=80"]
     cfg = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over, check_files=False)
     report = memory_report(cfg)
     assert "WILL NOT FIT" in report and "max_tokens_per_micro_batch" not in report

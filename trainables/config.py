@@ -253,8 +253,9 @@ class RolloutConfig(Section):
         "CPUs, any backend), nccl (vLLM's NCCL weight transfer between GPUs) or ipc (vLLM's CUDA IPC "
         "transfer to colocated engines).")
     weight_bucket_mb: PositiveInt = Field(
-        256, description="gloo, nccl: size of one broadcast bucket; the sender and each receiver hold one "
-        "(nccl: two, double buffered) besides the weights.")
+        256, description="The learner pushes its weights a bucket of this size at a time (under ZeRO-3 each "
+        "bucket is gathered, sent and freed), so no rank holds a second copy of the model; gloo, nccl: one "
+        "broadcast each, the sender and each receiver holding one (nccl: two, double buffered).")
 
 
 class AlgorithmConfig(Section):

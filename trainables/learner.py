@@ -27,6 +27,7 @@ from trainables.config import TrialConfig
 from trainables.logprobs import token_logprobs
 from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective, tis_weights
 from trainables.rollout.types import RolloutBatch
+from trainables.rollout.weight_sync import TensorMeta
 
 
 @dataclass
@@ -314,23 +315,37 @@ class Learner:
             dual_clip=algo.dual_clip, shaping_gamma=algo.shaping_gamma, entropy_coef=algo.entropy_coef,
             kl_coef=algo.kl_coef, loss_agg=algo.loss_agg, **norm)
 
-    def full_state_dict(self, keep_device: bool = False) -> dict[str, torch.Tensor]:
-        """Full weights for the rollout engine (collective under ZeRO-3; every rank must call it), as
-        copies on the CPU, or on the learner's device with `keep_device` (a NCCL transfer sends them)."""
-        module = self.engine.module
+    def weight_metas(self) -> list[TensorMeta]:
+        """Name, whole shape and dtype of each tensor the engines load (the module's state dict, in its
+        order), read without gathering anything: a ZeRO-3 parameter knows its whole shape."""
+        return [TensorMeta(name, tuple(getattr(t, "ds_shape", t.shape)), t.dtype)
+                for name, t in self.engine.module.state_dict(keep_vars=True).items()]
 
-        def copy(tensor: torch.Tensor) -> torch.Tensor:
-            # Under ZeRO 1/2 every parameter is a view into one flat buffer, and pickling a view ships
-            # the whole buffer: clone, or each of the ~50 tensors drags all the weights along.
-            return tensor.detach().to(tensor.device if keep_device else "cpu", copy=True)
-
+    @contextlib.contextmanager
+    def gathered(self, names: list[str], device: str | torch.device | None = None):
+        """The whole tensors of `names` (one bucket of the state dict) on `device` (None: where they are),
+        alive inside the block. Under ZeRO-3 they are gathered for it (a collective every rank makes, with
+        the same names) and released after; under ZeRO 1/2 they are the parameters themselves, copied only
+        to another device. The whole model never exists twice on a rank."""
+        tensors = self.engine.module.state_dict(keep_vars=True)  # the parameters, not copies
+        wanted = {name: tensors[name] for name in names}
         gathered = contextlib.nullcontext()
-        if self.cfg.learner.zero_stage == 3:  # each rank holds a shard: gather the whole of every parameter
+        partitioned = list({id(t): t for t in wanted.values() if hasattr(t, "ds_id")}.values())  # tied: once
+        if self.cfg.learner.zero_stage == 3 and partitioned:
             import deepspeed
 
-            gathered = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+            gathered = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
         with gathered:
-            return {k: copy(v) for k, v in module.state_dict().items()}
+            yield {name: t.detach().to(device or t.device) for name, t in wanted.items()}
+
+    def full_state_dict(self, keep_device: bool = False) -> dict[str, torch.Tensor]:
+        """The whole weights as copies, on the CPU or with `keep_device` on the learner's device (a
+        collective under ZeRO-3; every rank must call it): checkpoints' exports and checks compare them.
+        The weight push goes a bucket at a time instead (`gathered`)."""
+        with self.gathered([meta.name for meta in self.weight_metas()]) as whole:
+            # Under ZeRO 1/2 every parameter is a view into one flat buffer, and pickling a view ships the
+            # whole buffer: each is copied.
+            return {k: v.to(v.device if keep_device else "cpu", copy=True) for k, v in whole.items()}
 
     def save(self, folder: str | Path, client_state: dict) -> None:
         self.engine.save_checkpoint(str(folder), tag="engine", client_state=client_state)

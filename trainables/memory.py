@@ -17,7 +17,7 @@ terms as DeepSpeed's ZeRO (runtime/zero/stage_1_and_2.py, stage3.py, at its defa
     step         the optimizer step's temporaries: under ZeRO 8 bytes per element of what it steps at
                  once (the gradient cast to fp32 and AdamW's denominator), the rank's partition, or a
                  ZeRO-3 sub-group of at most 1e9 elements; without ZeRO ~3 x 4 bytes x the largest tensor
-    push         the weight push (`weight_push_memory`): what it gathers and copies beyond the states
+    push         the weight push (`weight_push_memory`): a bucket at a time, what it gathers and packs
     reserve      on a GPU the CUDA context and NCCL communicators (1.5 GiB), and ZeRO's buffers: the
                  gradient reduce bucket (5e8 elements) and under ZeRO-3 the live gathered parameters (1e9)
 
@@ -168,14 +168,13 @@ def learner_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, worl
         buckets=buckets)
 
 
-def weight_push_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, copied_here: bool,
-                       bucket_bytes: int) -> float:
-    """What a weight push holds on a learner rank beyond its states (`Learner.full_state_dict`): under
-    ZeRO-3 the full model gathered on every rank, the full copy where it lands in the rank's own memory
-    (a transfer from the GPU: nccl, ipc; any on a CPU rank), and one packed bucket where it broadcasts in
-    buckets (`bucket_bytes`; 0 for none)."""
-    full = shape.params * dtype_bytes
-    return (full if zero_stage == 3 else 0) + (full if copied_here else 0) + bucket_bytes
+def weight_push_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, bucket_bytes: int,
+                       buffers: int) -> float:
+    """What a weight push holds on a learner rank beyond its states (`trainables.rollout.push`): it goes a
+    bucket at a time, so under ZeRO-3 one gathered bucket, and `buffers` bucket-sized buffers of the
+    transfer in the rank's own memory (its packing or copy). A tensor larger than a bucket is a bucket."""
+    bucket = max(bucket_bytes, shape.vocab * shape.hidden * dtype_bytes)  # the embedding: the largest tensor
+    return bucket * ((1 if zero_stage == 3 else 0) + buffers)
 
 
 @dataclass(frozen=True)

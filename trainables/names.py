@@ -15,8 +15,9 @@ TIS_LEVELS = ("token", "sequence")
 # trainables.rollout.service: rollout engines; trainables.rollout.push: weight transfers
 ENGINES = ("hf", "vllm")
 WEIGHT_PUSHES = ("object_store", "gloo", "nccl", "ipc")
-PUSHES_FROM_DEVICE = ("nccl", "ipc")  # sent from a copy on the learner's GPU
-BUCKETED_PUSHES = ("gloo", "nccl")  # broadcast in buckets of rollout.weight_bucket_mb
+# Bucket-sized buffers each transfer's sender holds besides the weights, and where: on the learner's
+# device (nccl: vLLM's double buffer; ipc: none, the engines map the tensors) or in host memory.
+PUSH_BUFFERS = {"object_store": (1, "host"), "gloo": (1, "host"), "nccl": (2, "device"), "ipc": (0, "device")}
 
 # trainables.data.models: model presets
 TINY_PRESET = "tiny"  # the embedded default, built from its spec section

@@ -1,6 +1,7 @@
 """A short trial with `rollout.backend: vllm`: the rollout service holds a real vLLM engine, the
 learner ranks train on its rollouts and broadcast their weights back every step (gloo, in buckets;
-the GPU smoke script's trial sends them through the object store)."""
+the GPU smoke script's trial sends them through the object store); a push in many buckets leaves the
+engine as one whole state dict does."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ray.util.state import list_actors
 
 from orchestrator import train
 from orchestrator.spec import load_trial_spec
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, default_tracking_uri
 
 STEPS = 3
 
@@ -26,7 +27,7 @@ def test_trial_trains_on_vllm_rollouts(ray_cluster, tiny_model_path, tmp_path):
         "validation.num_prompts=16", "validation.samples=2", "rollout.weight_transfer=gloo", "rollout.weight_bucket_mb=1"])
     final = train.run(cfg)
     assert final["progress/step"] == STEPS and final["rollout/response_length"] > 0
-    tracker = Tracker(train.default_tracking_uri(cfg.storage), cfg.logging.experiment)
+    tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     weights = tracker.metric_history(run.info.run_id, "tis/weight_mean")
     assert [step for step, _ in weights] == [1, 2, 3]
@@ -50,3 +51,42 @@ def test_gpu_smoke_script_runs_on_cpu(ray_cluster, capsys):
     for label, _ in smoke.ROWS:
         value = float(out.split(label)[1].split()[0])
         assert value > 0, label
+
+
+@pytest.mark.slow
+def test_a_push_in_buckets_leaves_the_weights_one_state_dict_does(ray_cluster, tiny_model_path):
+    """The same perturbed weights pushed to a vLLM service in 1 MiB buckets (through the object store and
+    over gloo) and as one bucket: the engine samples the same tokens with the same log-probs each time,
+    and other tokens than before the push."""
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainables.config import RolloutConfig
+    from trainables.rollout.push import GlooPush, ObjectStorePush
+    from trainables.rollout.service import start_rollout_service
+    from trainables.rollout.types import SamplingSpec
+
+    cfg = RolloutConfig(backend="vllm", weight_transfer="gloo")
+    service = start_rollout_service(cfg, tiny_model_path)
+    spec = SamplingSpec("fixed", {"temperature": 1.0}, max_new_tokens=16, seed=3)
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+
+    def sample(version):
+        batch = ray.get(service.generate.remote(prompts, 4, spec, version))
+        return batch.response_ids, batch.behaviour_logprobs
+
+    before = sample(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    gen = torch.Generator().manual_seed(0)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:  # one tensor, as in the model
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    pushes = [ObjectStorePush([service], 2**20), GlooPush([service], 2**20), ObjectStorePush([service], 2**30)]
+    samples = []
+    for version, push in enumerate(pushes, start=1):
+        push(state, version)
+        samples.append(sample(version))
+    assert samples[0] != before
+    assert samples[0] == samples[1] == samples[2]
+    ray.kill(service)

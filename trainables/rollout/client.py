@@ -14,7 +14,7 @@ import torch
 
 from trainables import calls
 from trainables.ranks import barrier, reduce_max
-from trainables.rollout.push import WEIGHT_PUSHES, weight_push
+from trainables.rollout.push import WEIGHT_PUSHES, learner_weights, weight_push
 from trainables.rollout.service import StaleWeightsError, engines_removed
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import WeightGroupError
@@ -44,27 +44,32 @@ class RolloutClient:
         print(f"[trial {self.trial}] {text}", flush=True)
 
     def sync(self) -> None:
-        """Push the learner's weights to every engine (`rollout.weight_transfer`); an engine that is lost
-        meanwhile gets them again once Ray has restarted it."""
+        """Push the learner's weights to every engine (`rollout.weight_transfer`), a bucket at a time: every
+        rank makes each bucket (a gather under ZeRO-3), rank 0 sends it. An engine lost meanwhile gets
+        them again once Ray has restarted it: every rank goes through the buckets again."""
         if self.cfg.colocate:  # the engine wakes on this GPU: the learner's cached blocks go back first
             torch.cuda.empty_cache()  # (the memory pre-flight's colocated sum counts only what is live)
-        on_gpu = WEIGHT_PUSHES[self.cfg.weight_transfer].on_gpu  # sent from the learner's GPU
-        state = self.learner.full_state_dict(keep_device=on_gpu)  # collective under ZeRO-3
-        state = self.push.prepare(state)  # collective for ipc
+        device = self.learner.device if WEIGHT_PUSHES[self.cfg.weight_transfer].on_gpu else "cpu"
         self.weight_version = self.learner.optimizer_step
-        if self.rank == 0:
-            deadline = time.monotonic() + SERVICE_RESTART_TIMEOUT_S
-            while True:
+        deadline = time.monotonic() + SERVICE_RESTART_TIMEOUT_S
+        while True:
+            weights, lost = learner_weights(self.learner, self.push, device), None
+            if self.rank == 0:
                 try:
-                    self.push(state, self.weight_version)
-                    break
+                    self.push(weights, self.weight_version)
                 except (ray.exceptions.RayActorError, WeightGroupError) as e:  # dead or restarting
-                    self.stop_if_removed()
-                    self.losses += 1
-                    if time.monotonic() > deadline:
-                        raise
-                    self.say(f"rollout service lost during a weight update ({e}); pushing again")
-                    time.sleep(SERVICE_RETRY_PAUSE_S)  # a restarting actor refuses calls at once
+                    lost = e
+            for _ in weights.buckets:  # the buckets a failed push left: every rank makes them all
+                pass
+            if not reduce_max(float(lost is not None)):
+                break
+            if self.rank == 0:
+                self.stop_if_removed()
+                self.losses += 1
+                if time.monotonic() > deadline:
+                    raise lost
+                self.say(f"rollout service lost during a weight update ({lost}); pushing again")
+                time.sleep(SERVICE_RETRY_PAUSE_S)  # a restarting actor refuses calls at once
         barrier()  # no rank generates before the new weights are in
 
     def stop_if_removed(self) -> None:

@@ -6,15 +6,17 @@
   (the transport is trainables/rollout/weight_sync.py; nccl is vLLM's own weight transfer engine).
 - ipc: colocated engines map the learner's GPU copy through CUDA IPC handles.
 
-Every learner rank calls `push.prepare(state)` (a collective for ipc), then rank 0 calls
-`push(prepared, version)`; a `RayActorError` or `WeightGroupError` means "push again" once a lost
-engine is back (trainables/trial.py retries).
+The weights go a bucket of `rollout.weight_bucket_mb` at a time, straight from the learner's
+parameters (`learner_weights`): every learner rank makes each bucket (under ZeRO-3 a gather, a
+collective; `prepare`, a collective for ipc), rank 0 sends it, and it is freed before the next, so no
+rank ever holds a second copy of the whole model. A `RayActorError` or `WeightGroupError` on rank 0
+means "push again" once a lost engine is back (`trainables.rollout.client` retries, every rank again).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import ray
@@ -23,35 +25,50 @@ import torch.distributed as dist
 
 from trainables import names
 from trainables.names import same_names
-from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, broadcast_errors, describe, free_port,
-                                            gloo_group, ipc_handles, ipc_update_info, nccl_init_info, send_buckets,
-                                            tensor_list)
+from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, TensorMeta, Weights, broadcast_errors,
+                                            free_port, gloo_group, ipc_handles, ipc_update_info, nccl_init_info,
+                                            plan_buckets, send_buckets, tensor_list)
 
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
+DEFAULT_BUCKET_BYTES = 256 * 2**20  # rollout.weight_bucket_mb's default
 
 
-class WeightPush:
-    """`prepare(state)` on every learner rank, then `push(prepared, version)` on rank 0."""
+class WeightPush(ABC):
+    """`push(weights, version)` on rank 0, for `Weights` whose buckets every learner rank makes
+    (`learner_weights`: each bucket through `prepare`, then `release` once the push has moved on)."""
 
-    def __init__(self, engines: list):
-        self.engines = engines
+    def __init__(self, engines: list, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.engines, self.bucket_bytes = engines, bucket_bytes
 
     @classmethod
     def for_rollout(cls, engines: list, cfg) -> WeightPush:
         """The push to `engines`, set up from the rollout section (its bucket size, its engines' shards)."""
-        return cls(engines)
+        return cls(engines, cfg.weight_bucket_mb * 2**20)
 
-    def prepare(self, state: Mapping[str, torch.Tensor]):
-        return state
+    def prepare(self, bucket: Mapping[str, torch.Tensor]):
+        return bucket
+
+    def release(self) -> None:
+        """Every rank, once the push has asked for the next bucket: the last one may go."""
+
+    def __call__(self, weights: Weights | Mapping[str, torch.Tensor], version: int) -> None:
+        self.send(weights if isinstance(weights, Weights) else Weights.of(weights, self.bucket_bytes), version)
+
+    @abstractmethod
+    def send(self, weights: Weights, version: int) -> None:
+        """Every bucket of `weights` to every engine, which then serves `version`."""
 
 
 class ObjectStorePush(WeightPush):
-    """One copy of the weights in Ray's object store; every engine fetches it (`update_weights`)."""
+    """The buckets in Ray's object store, fetched by every engine (`update_weights`); the store holds the
+    model once (shared memory), the learner a bucket at a time."""
 
-    def __call__(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        ref = ray.put(dict(state))
-        # Nested in a list, the ref reaches the actor unresolved, and it fetches the object itself.
-        ray.get([engine.update_weights.remote([ref], version) for engine in self.engines])
+    def send(self, weights: Weights, version: int) -> None:
+        # A copy of each: pickling a view (ZeRO 1/2 parameters are views into one flat buffer) ships its buffer.
+        refs = [ray.put({name: t.detach().to("cpu", copy=True) for name, t in bucket.items()})
+                for bucket in weights.buckets]
+        # Nested in a list, the refs reach the actor unresolved, and it fetches the objects itself.
+        ray.get([engine.update_weights.remote(refs, version) for engine in self.engines])
 
 
 class GroupPush(WeightPush, ABC):
@@ -63,20 +80,16 @@ class GroupPush(WeightPush, ABC):
     """
 
     def __init__(self, engines: list, bucket_bytes: int, ranks_per_engine: int = 1):
-        super().__init__(engines)
-        self.bucket_bytes, self.ranks_per_engine = bucket_bytes, ranks_per_engine
+        super().__init__(engines, bucket_bytes)
+        self.ranks_per_engine = ranks_per_engine
         self.group = None
         self.names: set[str] | None = None
-
-    @classmethod
-    def for_rollout(cls, engines: list, cfg) -> WeightPush:
-        return cls(engines, cfg.weight_bucket_mb * 2**20)
 
     @property
     def world_size(self) -> int:
         return 1 + self.ranks_per_engine * len(self.engines)
 
-    def __call__(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+    def send(self, weights: Weights, version: int) -> None:
         try:
             if self.group is None:
                 # A restarting engine refuses calls (RayActorError): the caller retries before this side
@@ -90,12 +103,10 @@ class GroupPush(WeightPush, ABC):
                 with broadcast_errors("forming the weight group"):
                     self.group = self.open(host, port)
                 self.names = ray.get(joins)[0]  # the names an engine loads (None: all it is given)
-            if self.names is not None:
-                state = {name: tensor for name, tensor in state.items() if name in self.names}
-            info = self.update_info(state)  # what every engine is told to expect, built once
-            receives = [self.receive(engine, info, version) for engine in self.engines]
+            plan = weights.plan(self.names)  # what every engine is told to expect, built once
+            receives = [self.receive(engine, plan, version) for engine in self.engines]
             with broadcast_errors("the weight broadcast"):
-                self.send(state, info)
+                self.broadcast(weights.buckets, plan)
             ray.get(receives)
         except BaseException:
             # Dropping this end closes its connections, which fails the other members' receives too;
@@ -113,16 +124,12 @@ class GroupPush(WeightPush, ABC):
         """This side's end of the group, as rank 0."""
 
     @abstractmethod
-    def update_info(self, state: Mapping[str, torch.Tensor]):
-        """The names, shapes and dtypes the receivers need, in the form their side takes."""
+    def receive(self, engine, plan: list[list[TensorMeta]], version: int):
+        """The engine's call receiving the broadcast `plan` describes and loading it (an ObjectRef)."""
 
     @abstractmethod
-    def receive(self, engine, info, version: int):
-        """The engine's call receiving the broadcast `info` describes and loading it (an ObjectRef)."""
-
-    @abstractmethod
-    def send(self, state: Mapping[str, torch.Tensor], info) -> None:
-        """Broadcast `state` from rank 0."""
+    def broadcast(self, buckets: Iterator[Mapping[str, torch.Tensor]], plan: list[list[TensorMeta]]) -> None:
+        """Broadcast the buckets' tensors that `plan` names, from rank 0."""
 
 
 class GlooPush(GroupPush):
@@ -134,14 +141,11 @@ class GlooPush(GroupPush):
     def open(self, host, port):
         return gloo_group(host, port, 0, self.world_size, GROUP_TIMEOUT_S)
 
-    def update_info(self, state):
-        return describe(state)
+    def receive(self, engine, plan, version):
+        return engine.receive_weights.remote(plan, version)
 
-    def receive(self, engine, info, version):
-        return engine.receive_weights.remote(info, self.bucket_bytes, version)
-
-    def send(self, state, info):
-        send_buckets(state, info, group=self.group, bucket_bytes=self.bucket_bytes)
+    def broadcast(self, buckets, plan):
+        send_buckets(buckets, plan, group=self.group)
 
 
 class NcclPush(GroupPush):
@@ -163,49 +167,59 @@ class NcclPush(GroupPush):
 
         return trainer_init({"master_address": host, "master_port": port, "world_size": self.world_size}, rank=0)
 
-    def update_info(self, state):
-        return tensor_list(state)
+    def receive(self, engine, plan, version):
+        return engine.transfer_weights.remote(tensor_list([m for bucket in plan for m in bucket]), version)
 
-    def receive(self, engine, info, version):
-        return engine.transfer_weights.remote(info, version)
-
-    def send(self, state, info):
+    def broadcast(self, buckets, plan):
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
-        packed_nccl_broadcast_producer(iter(state.items()), self.group, src=0, post_iter_func=lambda item: item[1],
+        # Each tensor is packed into vLLM's buffers as the iteration reaches it, before its bucket is freed.
+        items = ((m.name, tensors[m.name]) for metas, tensors in zip(plan, buckets, strict=True) for m in metas)
+        packed_nccl_broadcast_producer(items, self.group, src=0, post_iter_func=lambda item: item[1],
                                        buffer_size_bytes=self.bucket_bytes, num_buffers=NCCL_BUFFERS)
 
 
 class IpcPush(WeightPush):
     """Colocated engines (vLLM's IPC weight transfer, vLLM 0.32-0.33 API): no byte leaves the GPUs.
 
-    Every learner rank holds the full weights on its GPU (`prepare`, a collective): each shares CUDA
-    IPC handles of its copy, keyed by its GPU's UUID, and the ranks all-gather them; rank 0 hands the
-    merged handles to every engine, and each engine maps the copy on its own GPU (a colocated engine
-    shares a learner rank's GPU) and reloads layer by layer. The copies must live until the engines are
-    done: the sync's closing barrier holds them.
+    Bucket by bucket, every learner rank holds the bucket's whole tensors on its GPU (`prepare`, a
+    collective: under ZeRO 1/2 the parameters themselves, under ZeRO-3 a gather) and shares CUDA IPC
+    handles of them, keyed by its GPU's UUID; the ranks all-gather the handles, rank 0 hands them to every
+    engine, and each engine maps the tensors on its own GPU (a colocated engine shares a learner rank's
+    GPU) and reloads them. The tensors must live until the engines are done: `release` is a barrier.
     """
 
-    def __init__(self, engines: list):
-        super().__init__(engines)
+    def __init__(self, engines: list, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        super().__init__(engines, bucket_bytes)
         self.names: set[str] | None = None  # set once the engines' transfer engines are up
 
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> dict:
-        handles = ipc_handles(state)
+    def prepare(self, bucket: Mapping[str, torch.Tensor]) -> dict:
+        handles = ipc_handles(bucket)
         every_rank: list = [None] * dist.get_world_size()
         dist.all_gather_object(every_rank, handles)
         merged = {name: {k: v for rank_handles in every_rank for k, v in rank_handles[name].items()}
-                  for name in state}
-        return {"state": state, "handles": merged}
+                  for name in bucket}
+        return {"state": bucket, "handles": merged}
 
-    def __call__(self, prepared: dict, version: int) -> None:
+    def release(self) -> None:
+        dist.barrier()
+
+    def __call__(self, weights, version: int) -> None:
+        if not isinstance(weights, Weights):  # a state dict in memory: prepared here, one bucket at a time
+            plain = Weights.of(weights, self.bucket_bytes)
+            weights = Weights(plain.metas, map(self.prepare, plain.buckets), plain.bucket_bytes)
+        self.send(weights, version)
+
+    def send(self, weights: Weights, version: int) -> None:
         try:
             if self.names is None:
                 self.names = ray.get([engine.init_weight_transfer.remote(IPC_INIT_INFO)
                                       for engine in self.engines])[0]
-            state = {name: t for name, t in prepared["state"].items() if name in self.names}
-            update = ipc_update_info(state, prepared["handles"])
-            ray.get([engine.transfer_weights.remote(update, version) for engine in self.engines])
+            for prepared in weights.buckets:
+                state = {name: t for name, t in prepared["state"].items() if name in self.names}
+                if state:
+                    update = ipc_update_info(state, prepared["handles"])
+                    ray.get([engine.transfer_weights.remote(update, version) for engine in self.engines])
         except BaseException:
             self.names = None  # a restarted engine sets its transfer engine up again
             raise
@@ -228,10 +242,25 @@ WEIGHT_PUSHES: dict[str, Transfer] = {
     "ipc": Transfer(IpcPush, on_gpu=True, engine_transfer=True),
 }
 same_names(WEIGHT_PUSHES, names.WEIGHT_PUSHES, "weight transfers")
-assert {name for name, t in WEIGHT_PUSHES.items() if t.on_gpu} == set(names.PUSHES_FROM_DEVICE)
-assert {name for name, t in WEIGHT_PUSHES.items() if issubclass(t.push, GroupPush)} == set(names.BUCKETED_PUSHES)
+assert all(t.on_gpu == (names.PUSH_BUFFERS[name][1] == "device") for name, t in WEIGHT_PUSHES.items())
+assert names.PUSH_BUFFERS["nccl"][0] == NCCL_BUFFERS
 
 
 def weight_push(engines: list, cfg) -> WeightPush:
     """The learner's weight push for `rollout.weight_transfer` (cfg: the trial's RolloutConfig)."""
     return WEIGHT_PUSHES[cfg.weight_transfer].push.for_rollout(engines, cfg)
+
+
+def learner_weights(learner, push: WeightPush, device: str | torch.device) -> Weights:
+    """A learner rank's weights for `push`, made a bucket at a time on `device` (every rank iterates them
+    all, in the same order: under ZeRO-3 each bucket is a gather); a bucket is released once the push asks
+    for the next one."""
+    metas = learner.weight_metas()
+
+    def buckets() -> Iterator:
+        for bucket in plan_buckets(metas, push.bucket_bytes):
+            with learner.gathered([m.name for m in bucket], device) as tensors:
+                yield push.prepare(tensors)
+                push.release()
+
+    return Weights(metas, buckets(), push.bucket_bytes)

@@ -91,23 +91,26 @@ class RolloutService:
         return self.engine.generate(prompts, n, spec)
 
     def update_weights(self, state_dict, version: int) -> int:
-        # An ObjectRef nested in the argument list arrives unresolved: one object, one transfer.
+        # ObjectRefs nested in the argument list arrive unresolved: the learner's buckets, fetched in turn.
         if isinstance(state_dict, list):
-            state_dict = ray.get(state_dict[0])
+            buckets, state_dict = state_dict, {}
+            for ref in buckets:
+                state_dict.update(ray.get(ref))
         return self.engine.update_weights(state_dict, version)
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """weight_transfer gloo: join the learner's broadcast group (again after a restart)."""
         self.weight_group = gloo_group(host, port, rank, world_size, timeout_s)
 
-    def receive_weights(self, metas: list[TensorMeta], bucket_bytes: int, version: int) -> int:
-        """weight_transfer gloo: the learner's bucketed broadcast, loaded once every bucket is in."""
+    def receive_weights(self, plan: list[list[TensorMeta]], version: int) -> int:
+        """weight_transfer gloo: the learner's bucketed broadcast (`plan`: each bucket's tensors), loaded
+        once every bucket is in."""
         if self.weight_group is None:  # a restarted process: the learner forms the group anew
             raise WeightGroupError("this engine is in no weight group (restarted)")
         state: dict = {}
         try:
             with broadcast_errors("receiving the weights"):
-                for bucket in receive_buckets(metas, group=self.weight_group, bucket_bytes=bucket_bytes):
+                for bucket in receive_buckets(plan, group=self.weight_group):
                     state.update(bucket)  # views into each bucket's own buffer: no copy
         except WeightGroupError:  # the learner or another engine left: the learner forms the group anew
             self.weight_group = None

@@ -6,14 +6,15 @@ whole model needs the model's size again in memory. So both sides agree on a pla
 names, shapes and dtypes, sent through the Ray call) and the sender packs consecutive tensors into
 flat byte buffers of at most `bucket_bytes`, one broadcast each. The receiver gets each bucket as a
 name -> tensor dict, ready for an engine's weight loader. Between GPUs vLLM's own NCCL transfer does
-the same packing (double buffered) and loads each bucket as it lands.
+the same packing (double buffered) and loads each bucket as it lands. On the sending side the buckets
+are made one at a time (`Weights`): a sharded learner gathers a bucket, it goes, it is freed.
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -78,24 +79,50 @@ def unpack(bucket: list[TensorMeta], buffer: torch.Tensor) -> dict[str, torch.Te
     return out
 
 
-def send_buckets(state: Mapping[str, torch.Tensor], metas: list[TensorMeta], *, group, bucket_bytes: int,
+@dataclass
+class Weights:
+    """A model's weights as a push takes them: `metas`, every tensor in order, and `buckets`, one name ->
+    tensor dict per bucket of `plan_buckets(metas, bucket_bytes)`, each alive only until the next one is
+    asked for (a learner gathers them one at a time: `trainables.rollout.push.learner_weights`)."""
+
+    metas: list[TensorMeta]
+    buckets: Iterator[Mapping[str, torch.Tensor]]
+    bucket_bytes: int
+
+    @classmethod
+    def of(cls, state: Mapping[str, torch.Tensor], bucket_bytes: int) -> Weights:
+        """A state dict already in memory, in buckets."""
+        metas = describe(state)
+        return cls(metas, ({m.name: state[m.name] for m in bucket} for bucket in plan_buckets(metas, bucket_bytes)),
+                   bucket_bytes)
+
+    def plan(self, names: set[str] | None = None) -> list[list[TensorMeta]]:
+        """The buckets' metas, each kept to the tensors in `names` (None: all); a bucket may be left empty."""
+        return [[m for m in bucket if names is None or m.name in names]
+                for bucket in plan_buckets(self.metas, self.bucket_bytes)]
+
+
+def send_buckets(buckets: Iterable[Mapping[str, torch.Tensor]], plan: list[list[TensorMeta]], *, group,
                  src: int = 0) -> int:
-    """Broadcast `state` (described by `metas`) from rank `src` of `group` in buckets; returns how many went.
-    The receivers got `metas` another way (a Ray call's argument), so only tensor bytes cross the group."""
-    device = next(iter(state.values())).device if state else "cpu"
-    buckets = plan_buckets(metas, bucket_bytes)
-    for bucket in buckets:
-        dist.broadcast(pack(bucket, state, device), group=group, group_src=src)
-    return len(buckets)
+    """Broadcast each bucket, packed as `plan` describes it (the tensors the receivers take of it, maybe
+    none), from rank `src` of `group`; returns how many went. The receivers got `plan` another way (a Ray
+    call's argument), so only tensor bytes cross the group."""
+    sent = 0
+    for metas, tensors in zip(plan, buckets, strict=True):
+        if metas:
+            dist.broadcast(pack(metas, tensors, tensors[metas[0].name].device), group=group, group_src=src)
+            sent += 1
+    return sent
 
 
-def receive_buckets(metas: list[TensorMeta], *, group, bucket_bytes: int, src: int = 0,
+def receive_buckets(plan: list[list[TensorMeta]], *, group, src: int = 0,
                     device: torch.device | str = "cpu") -> Iterator[dict[str, torch.Tensor]]:
     """The other side of `send_buckets`: yields each bucket as a name -> tensor dict as it arrives."""
-    for bucket in plan_buckets(metas, bucket_bytes):
-        buffer = torch.empty(sum(m.slot for m in bucket), dtype=torch.uint8, device=device)
-        dist.broadcast(buffer, group=group, group_src=src)
-        yield unpack(bucket, buffer)
+    for metas in plan:
+        if metas:
+            buffer = torch.empty(sum(m.slot for m in metas), dtype=torch.uint8, device=device)
+            dist.broadcast(buffer, group=group, group_src=src)
+            yield unpack(metas, buffer)
 
 
 def free_port(host: str) -> int:
