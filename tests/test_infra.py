@@ -129,3 +129,19 @@ def test_gpu_smoke_learner_side_runs_on_cpu():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "ZeRO-2" in out.stdout and "FAILED" not in out.stdout
     assert out.stdout.count("  ok  ") == 3  # moved, held by the engine, changes the samples (IPC: GPUs only)
+
+
+def test_gpu_memory_check_runs_through_its_cpu_path(tmp_path):
+    """infra/gpu_memory.py --cpu: the learner at the tiny preset's shapes, every phase measured and estimated."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "infra/gpu_memory.py", "--cpu", "--json", str(tmp_path / "m.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "m.json").read_text())
+    assert list(result["phases"]) == ["forward", "backward", "optimizer step", "weight push"]
+    for phase, row in result["phases"].items():
+        assert row["measured_gib"] > 0 and row["preflight_gib"] > 0, phase
+        assert f"{phase:<16}{row['measured_gib']:>14.2f}" in out.stdout

@@ -173,7 +173,8 @@ def weight_push_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, 
     """What a weight push holds on a learner rank beyond its states (`trainables.rollout.push`): it goes a
     bucket at a time, so under ZeRO-3 one gathered bucket, and `buffers` bucket-sized buffers of the
     transfer in the rank's own memory (its packing or copy). A tensor larger than a bucket is a bucket."""
-    bucket = max(bucket_bytes, shape.vocab * shape.hidden * dtype_bytes)  # the embedding: the largest tensor
+    full = shape.params * dtype_bytes  # a bucket holds at most the model, at least its largest tensor (the embedding)
+    bucket = max(min(bucket_bytes, full), shape.vocab * shape.hidden * dtype_bytes)
     return bucket * ((1 if zero_stage == 3 else 0) + buffers)
 
 
