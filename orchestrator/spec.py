@@ -138,13 +138,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), SpecLoader) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), SpecLoader)
     except UnicodeDecodeError as e:
         raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); a spec is a YAML file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:  # `{}` asks for the defaults; an empty file is more likely a mistake
+        raise SpecError(f"{path}: the file is empty (or only comments); a spec is a mapping of sections, "
+                        "e.g. search_spaces/ead.yaml (write {} for every default)")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of sections at the top, got {type(data).__name__}")
     return data

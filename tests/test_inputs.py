@@ -139,6 +139,7 @@ def test_offline_file_missing_or_of_unknown_kind(capsys, tmp_path):
 
 @pytest.mark.parametrize("content, expected", [
     (b"rollout: [unclosed\n", "not valid YAML"), (b"\xff\xfe\xfa\n", "not UTF-8"), (b"- a list\n", "mapping"),
+    (b"", "the file is empty"), (b"# a comment\n\n   \n", "the file is empty"), (b"---\n...\n", "the file is empty"),
 ])
 def test_specs_that_are_not_yaml_mappings(capsys, tmp_path, content, expected):
     spec = tmp_path / "spec.yaml"
