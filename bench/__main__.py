@@ -58,6 +58,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
     "default sweep trial compute / wall": None,
     "default sweep wall (min)": ("<=", 12.0),
+    "default sweep report / its wall": ("<=", 0.02),
     "learner memory per response token / fp32 logits row (V = 151,936)": ("<=", 0.25),
     "learner memory per response token / fp32 logits row, full-logits pass": None,
     "learner update tokens/s, chunked / full-logits pass": (">=", 0.95),
@@ -114,7 +115,8 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
     figures.update(sweep_compute(storage, command[command.index("--name") + 1], spec))
     return {"default sweep peak memory, PSS (GiB)": figures["peak_pss_gib"],
             "default sweep trial compute / wall": figures["compute_share"],
-            "default sweep wall (min)": figures["wall_s"] / 60}, figures
+            "default sweep wall (min)": figures["wall_s"] / 60,
+            "default sweep report / its wall": figures["report_share"]}, figures
 
 
 def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
@@ -127,11 +129,12 @@ def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
     tracker = Tracker(default_tracking_uri(str(storage)), "rlvr-explore")
     runs = tracker.client.search_runs([tracker.experiment_id], tags_filter(sweep=name), max_results=10_000)
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
-    wall = parent.data.metrics["sweep/wall_s"]
+    wall, report = parent.data.metrics["sweep/wall_s"], parent.data.metrics["sweep/report_s"]
     steps = sum(v for r in runs if r.data.tags.get("kind") == "trial"
                 for _, v in tracker.metric_history(r.info.run_id, "timing/step"))
     at_once = search.seeds * search.max_concurrent_trials
-    return {"wall_s": wall, "trial_step_s": steps, "compute_share": steps / (wall * at_once)}
+    return {"wall_s": wall, "trial_step_s": steps, "compute_share": steps / (wall * at_once),
+            "report_s": report, "report_share": report / (wall + report)}
 
 
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:

@@ -328,6 +328,21 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     return results
 
 
+def write_report(exp: Experiment) -> None:
+    """The experiment's report (report.html with its plots inline, report.md, the PNGs) under its folder and
+    in its parent run, timed as `sweep/report_s` beside `sweep/wall_s`. Under a storage URI the folder
+    here holds no run: `orchestrator.report` renders it from a local copy."""
+    if "://" in exp.uri:
+        console.print(f"report: python -m orchestrator.report <a local copy of {exp.uri}>", soft_wrap=True)
+        return
+    from orchestrator import report
+
+    start = time.perf_counter()
+    report.run(str(exp.folder), None, exp.tracking_uri, exp.tracker.experiment)
+    if exp.parent is not None:
+        exp.tracker.log_metrics(exp.parent, {"sweep/report_s": time.perf_counter() - start})
+
+
 @dataclass
 class ConfigSummary:
     """One configuration at its end: its settings, state, per-seed objective and interval."""

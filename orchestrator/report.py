@@ -356,7 +356,8 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     (report / "report.md").write_text(text)
     (report / "report.html").write_text(html_page(text, report))
     client.log_artifacts(anchor.info.run_id, str(report), "report")
-    console.print(f"report: {report / 'report.md'} ({len(images)} plots; also in MLflow run {anchor.info.run_id})")
+    console.print(f"report: {report / 'report.html'} and report.md ({len(images)} plots; also in MLflow run "
+                  f"{anchor.info.run_id})", soft_wrap=True)
     return report
 
 

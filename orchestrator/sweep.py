@@ -201,6 +201,7 @@ def run(spec: str, args) -> int:
 
     results = experiment.fit(exp, trainable, tune_config, seed_list(base_cfg, search.seeds), args.resume)
     report(results, search, exp, base, fixed)
+    experiment.write_report(exp)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
     console.print(f"MLflow: mlflow ui --backend-store-uri {exp.tracking_uri} --host 127.0.0.1", soft_wrap=True)
     if view := exp.tracker.trials_view(exp.name, search.metric):

@@ -363,8 +363,17 @@ def test_parameters_are_shown_short_and_rounded_whatever_their_type():
 
 @pytest.mark.slow
 def test_report_of_the_sweep(finished_sweep):
-    assert report.main([str(finished_sweep / "asha")]) == 0
+    """The sweep wrote its report and put it in its parent run; `orchestrator.report` renders it again."""
     folder = finished_sweep / "asha" / "report"
+    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
+    (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
+    written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert {"report.md", "report.html", "validation.png"} <= set(written)
+    assert {"report/report.html", "report/report.md"} <= {a.path for a in tracker.client.list_artifacts(
+        parent.info.run_id, "report")}
+    assert parent.data.metrics["sweep/report_s"] > 0
+    assert report.main([str(finished_sweep / "asha")]) == 0
+    assert all((folder / name).stat().st_mtime_ns >= mtime for name, mtime in written.items())
     for name in ("curves.png", "validation.png", "temperature.png", "objective.png"):
         assert_png(folder / name)
     summary = (folder / "report.md").read_text()
@@ -372,8 +381,6 @@ def test_report_of_the_sweep(finished_sweep):
     assert len([line for line in summary.splitlines() if line.startswith("| ") and "0.0" in line]) >= 3
     assert "importance" in summary  # the ranking, or why there is none yet
     assert "95% interval over seeds" in summary and "baseline" in summary  # the configurations and the verdict
-    tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
-    (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     logged = [a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")]
     assert {"report/report.md", "report/report.html", "report/curves.png"} <= set(logged)
     page = (folder / "report.html").read_text()  # what MLflow's artifact view shows: tables and every plot inside
