@@ -23,9 +23,11 @@ WEIGHTS_ONLY_ENV = {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
 MLFLOW_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 for key, value in {**WEIGHTS_ONLY_ENV, **MLFLOW_HTTP_ENV}.items():
     os.environ.setdefault(key, value)
-# Off a terminal (a log, CI), a progress bar writes a line every 30 s, not a carriage return per update.
-TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30"}
-if not sys.stderr.isatty():
+# Off a terminal (a log file, CI, `nohup`), and always in Ray's workers (their output is a pipe): the
+# libraries' progress bars off (the project's own become lines: trainables/progress.py, and a library bar
+# that remains writes a line every 30 s), and Ray's worker prefixes without colour codes.
+TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_COLOR_PREFIX": "0"}
+if not (sys.stderr.isatty() and sys.stdout.isatty()):
     os.environ.update({k: v for k, v in TQDM_OFF_TERMINAL.items() if k not in os.environ})
 # MLflow's bar for each artifact download (the report reads a few small files) says nothing.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

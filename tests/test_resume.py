@@ -189,6 +189,7 @@ def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp
     out, _ = driver.communicate(timeout=900)
     assert driver.returncode == -signal.SIGKILL, out[-3000:]
     assert logged_steps(tmp_path)[0] == 5 and 3 <= logged_steps(tmp_path)[1] < 5
+    plain_log(out)
 
     # Resumed; then SIGTERM (the spot notice) while the third trial runs: it checkpoints, the driver
     # exits with 75, and a second resume finishes the sweep.
@@ -201,6 +202,8 @@ def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp
     resumed = subprocess.run([*command, "--resume"], env=driver_env(ray_cluster), capture_output=True, text=True,
                              timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    plain_log(out + resumed.stdout + resumed.stderr)
+    assert "report: " in resumed.stdout and (tmp_path / "s" / "report" / "report.html").is_file()
 
     # One MLflow run per trial and for the sweep; every trial finished, each step logged once.
     (parent,) = runs(tmp_path, "sweep")
@@ -223,6 +226,13 @@ def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     proposed = [t.params["rollout.decoding.ead.tau_max"] for t in study.trials]
     assert proposed[:2] == [1.0, 1.2] and proposed[2] not in (1.0, 1.2)
+
+
+def plain_log(out: str) -> None:
+    """A sweep's output sent to a file or pipe, as `docker logs` keeps it: no carriage-return updates, no
+    colour codes, no line a reader cannot take in."""
+    assert "\r" not in out and "\x1b" not in out
+    assert max(map(len, out.splitlines())) <= 400, max(out.splitlines(), key=len)
 
 
 def kill_session(driver: subprocess.Popen) -> None:

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from trainables.data.arithmetic import LEVELS, SYSTEM_PROMPT, TEACHERS, make_splits, teacher_dataset, teacher_solution
 from trainables.data.cache import build_once
 from trainables.data.prompts import prompt_ids
 from trainables.names import TINY_MAX_POSITIONS
+from trainables.progress import progress
 
 
 BOOTSTRAP_VERSION = 6  # bump when the recipe below changes, so stale caches are not reused
@@ -159,7 +159,7 @@ def build_tiny_model(cfg, out_dir: Path) -> None:
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / cfg.sft_steps))
     )
     model.train()
-    bar = tqdm(range(cfg.sft_steps), desc="warm-starting the tiny policy", unit="step")
+    bar = progress(range(cfg.sft_steps), desc="warm-starting the tiny policy", unit="step")
     for _ in bar:
         input_ids, labels, attention = _collate(stream.batch(), tokenizer.pad_token_id)
         loss = sequence_mean_nll(model(input_ids=input_ids, attention_mask=attention).logits, labels)

