@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, ipc_update_info, nccl_init_info,
+from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, describe, ipc_update_info, nccl_init_info,
                                             tensor_list)
 
 
@@ -28,7 +28,7 @@ def test_nccl_infos_are_the_ones_vllm_parses():
     init = NCCLWeightTransferInitInfo(**nccl_init_info("10.0.0.1", 29600, 3, 5, 2**20))
     assert (init.rank_offset, init.world_size, init.packed) == (3, 5, True)
     assert (init.packed_buffer_size_bytes, init.packed_num_buffers) == (2**20, NCCL_BUFFERS)
-    update = NCCLWeightTransferUpdateInfo(**tensor_list(state()))
+    update = NCCLWeightTransferUpdateInfo(**tensor_list(describe(state())))
     assert update.dtype_names == ["float32", "bfloat16"] and update.shapes == [[8, 4], [4]]
     assert [getattr(torch, name) for name in update.dtype_names] == [t.dtype for t in state().values()]
     # The sender's calls (weight_sync.NcclPush), bound to vLLM's signatures.
@@ -52,5 +52,5 @@ def test_the_engine_calls_exist_on_vllms_llm():
 
     assert WeightTransferConfig(backend="nccl").backend == "nccl" and WeightTransferConfig(backend="ipc").backend == "ipc"
     for method, args in (("init_weight_transfer_engine", ({"init_info": IPC_INIT_INFO},)), ("start_weight_update", ()),
-                         ("update_weights", ({"update_info": tensor_list(state())},)), ("finish_weight_update", ())):
+                         ("update_weights", ({"update_info": tensor_list(describe(state()))},)), ("finish_weight_update", ())):
         inspect.signature(getattr(LLM, method)).bind(None, *args)  # None: self

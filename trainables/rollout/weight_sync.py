@@ -166,15 +166,15 @@ def nccl_init_info(host: str, port: int, rank_offset: int, world_size: int, buck
 IPC_INIT_INFO = {"packed": False}  # one handle per tensor: nothing to pack, nothing copied
 
 
-def tensor_list(state: Mapping[str, torch.Tensor]) -> dict[str, list]:
-    """The names, dtype names and shapes of vLLM's weight update info, in the state's order."""
-    return {"names": list(state), "dtype_names": [str(t.dtype).removeprefix("torch.") for t in state.values()],
-            "shapes": [list(t.shape) for t in state.values()]}
+def tensor_list(metas: list[TensorMeta]) -> dict[str, list]:
+    """The names, dtype names and shapes of vLLM's weight update info, in the metas' order."""
+    return {"names": [m.name for m in metas], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metas],
+            "shapes": [list(m.shape) for m in metas]}
 
 
 def ipc_update_info(state: Mapping[str, torch.Tensor], handles: Mapping[str, dict]) -> dict:
     """`tensor_list` and, per tensor, its CUDA IPC handle on each learner GPU {gpu uuid: handle args}."""
-    return {**tensor_list(state), "ipc_handles": [dict(handles[name]) for name in state]}
+    return {**tensor_list(describe(state)), "ipc_handles": [dict(handles[name]) for name in state]}
 
 
 def ipc_handles(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, tuple]]:
