@@ -210,3 +210,67 @@ def test_the_weight_push_lands_every_tensor_bit_for_bit(ray_cluster, rollouts, t
             for name, tensor in learner.items():
                 assert torch.equal(held[name], tensor), (zero, world, transfer, name)
             ray.kill(engine)
+
+
+FUSED = r"""
+import json, sys
+import torch
+from bench.learner import _learner
+from trainables.config import DecodingConfig
+from trainables.learner import build_train_batch
+from trainables.rollout.ead import tau_table
+from trainables.rollout.hf import HFEngine
+from trainables.data.arithmetic import make_splits
+from trainables.tasks import encode_prompt
+
+model, schedule, micro = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.manual_seed(0)
+engine = HFEngine(model)
+with torch.no_grad():  # the sampler's weights a little off the learner's: TIS weights that are not all 1
+    for parameter in engine.model.parameters():
+        parameter += 0.02 * torch.randn_like(parameter)
+train, _ = make_splits(0, [1], train_size=4, val_size=1)
+decoding = DecodingConfig(schedule=schedule, temperature=0.7)
+spec = decoding.sampling(24, step=3, seed=5)
+rollouts = engine.generate([encode_prompt(engine.tokenizer, p) for p in train], 4, spec)
+taus = tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)
+trial = {"learner": {"num_workers": 1, "prompts_per_step": 4, "micro_batch_size": micro, "lr": 1e-3},
+         "rollout": {"group_size": 4, "max_new_tokens": 24, "decoding": decoding.model_dump(mode="json")},
+         "algorithm": {"entropy_coef": 0.01}}
+rewards = torch.linspace(0, 1, 16).view(4, 4)
+out = {}
+learner = _learner(model, trial)
+for path in ("two passes", "fused"):  # the same initial weights: the first path's update is undone below
+    start = {k: v.clone() for k, v in learner.full_state_dict().items()}
+    batch = build_train_batch(rollouts, engine.tokenizer.pad_token_id, taus)
+    logp_old = learner.old_logprobs(batch)[0] if path == "two passes" else None
+    update = learner.rl_update(batch, rewards, logp_old)
+    out[path] = {"weights": learner.full_state_dict(), "tis": update.tis, "stats": update.stats}
+    learner = _learner(model, trial)  # a fresh learner (and optimizer) for the other path
+print(json.dumps({
+    "weights": max((out["fused"]["weights"][k] - out["two passes"]["weights"][k]).abs().max().item()
+                   for k in start),
+    "moved": max((out["fused"]["weights"][k] - start[k]).abs().max().item() for k in start),
+    "tis": (out["fused"]["tis"] - out["two passes"]["tis"]).abs().max().item(),
+    "tis_spread": out["fused"]["tis"].std().item(),
+    "loss": abs(out["fused"]["stats"]["pg_loss_sum"] - out["two passes"]["stats"]["pg_loss_sum"]),
+}))
+"""
+
+
+@pytest.mark.parametrize(("schedule", "micro"), [("ead", 16), ("ead", 4), ("fixed", 8)])
+def test_old_log_probs_from_the_update_pass_give_the_same_step(tiny_model_path, schedule, micro):
+    """One optimizer step per RL step: the old log-probs taken (detached) from the update's own pass give
+    the TIS weights, the loss and the weights of the separate pass, to 1e-6 (EAD's per-token temperatures
+    with TIS, and a fixed temperature; one micro-batch and several)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FUSED, str(tiny_model_path), schedule, str(micro)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["moved"] > 1e-4 and found["tis_spread"] > 1e-2  # the step moved the weights; TIS is not all ones
+    assert found["weights"] < 1e-6 and found["tis"] < 1e-6 and found["loss"] < 1e-6, found

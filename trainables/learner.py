@@ -253,19 +253,33 @@ class Learner:
             logp_old[group], entropy[group] = logp.cpu(), ent.cpu()
         return logp_old, entropy
 
-    def rl_update(self, batch: TrainBatch, grouped: torch.Tensor, logp_old: torch.Tensor,
+    @property
+    def fuses_old_pass(self) -> bool:
+        """One optimizer step per RL step: until it, the policy is the one that the old log-probs are of, so
+        the update's own forward pass gives them (`rl_update` with logp_old None), one pass fewer."""
+        return self.cfg.learner.minibatches == 1
+
+    def rl_update(self, batch: TrainBatch, grouped: torch.Tensor, logp_old: torch.Tensor | None,
                   offpolicy: torch.Tensor | None = None) -> RLUpdate:
         """The RL step after the rewards: group advantages of the rewards grouped [P, N] (the batch's rows
-        in order), TIS weights [B, T] of the old log-probs over the behaviour's, then `update`."""
+        in order), TIS weights [B, T] of the old log-probs over the behaviour's, then `update`. With
+        logp_old None (only where `fuses_old_pass`) each micro-batch's update pass gives its old
+        log-probs, detached, and so its TIS weights."""
         algo, ro = self.cfg.algorithm, self.cfg.rollout
         advantages = group_advantages(grouped, use_std=algo.use_std).flatten()  # [B = P * N]
-        tis = tis_weights(logp_old, batch.behaviour_logp, ro.tis_cap, mask=batch.response_mask,
-                          level=ro.tis_level)  # [B, T]
+        if logp_old is None:
+            if not self.fuses_old_pass:
+                raise ValueError("the old log-probs come from the update's pass only with one optimizer step")
+            tis = torch.zeros(batch.response_mask.shape)  # [B, T], each micro-batch's filled in by `update`
+        else:
+            tis = tis_weights(logp_old, batch.behaviour_logp, ro.tis_cap, mask=batch.response_mask,
+                              level=ro.tis_level)  # [B, T]
         return RLUpdate(advantages, tis, self.update(batch, advantages, logp_old, tis, offpolicy))
 
-    def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor,
+    def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor | None,
                tis: torch.Tensor, offpolicy: torch.Tensor | None = None) -> dict[str, float]:
-        """`minibatches` optimizer steps over the rank's batch; advantages [B], tis [B, T].
+        """`minibatches` optimizer steps over the rank's batch; advantages [B], tis [B, T] (logp_old None:
+        both from each micro-batch's own pass, written into `tis`; see `rl_update`).
 
         offpolicy: bool[B], True on teacher rows: their tokens take LUFFY's shaped loss -A f(p), with
         no ratio, clip or TIS; the other rows keep the PPO/TIS term (`trainables.losses.policy_objective`).
@@ -302,15 +316,22 @@ class Learner:
 
     def _micro_loss(self, batch, group, advantages, logp_old, tis, offpolicy, norm):
         """One micro-batch's share of the loss and its per-token sums (`policy_objective`)."""
-        algo, micro = self.cfg.algorithm, batch.rows(group)
+        algo, ro, micro = self.cfg.algorithm, self.cfg.rollout, batch.rows(group)
         logp, entropy = self._forward(self.engine, micro, "grad" if algo.entropy_coef else "value")
+        on = lambda t: t[group].to(self.device)  # noqa: E731 - this micro-batch's rows on the learner's device
+        mask = micro.response_mask.to(self.device)
+        if logp_old is None:  # no optimizer step yet since the rollouts: this pass is the old one
+            old = logp.detach()
+            weights = tis_weights(old, micro.behaviour_logp.to(self.device), ro.tis_cap, mask=mask, level=ro.tis_level)
+            tis[group] = weights.cpu()  # the step's TIS metrics
+        else:
+            old, weights = on(logp_old), on(tis)
         logp_ref = None
         if self.reference is not None:
             with torch.no_grad():
                 logp_ref, _ = self._forward(self.reference, micro, "none")
-        on = lambda t: t[group].to(self.device)  # noqa: E731 - this micro-batch's rows on the learner's device
         return policy_objective(
-            logp, on(logp_old), on(advantages), on(tis), on(offpolicy), micro.response_mask.to(self.device),
+            logp, old, on(advantages), weights, on(offpolicy), mask,
             entropy=entropy, logp_ref=logp_ref, clip_low=algo.clip_low, clip_high=algo.clip_high,
             dual_clip=algo.dual_clip, shaping_gamma=algo.shaping_gamma, entropy_coef=algo.entropy_coef,
             kl_coef=algo.kl_coef, loss_agg=algo.loss_agg, **norm)

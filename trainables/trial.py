@@ -157,8 +157,11 @@ class Trial:
                 rewards, reasons = self.score(rollouts, problems)
             taus = self.logprob_taus(spec)
             batch = build_train_batch(rollouts, self.pad_id, taus)
-            with timed(t, "old_logprob"):
-                logp_old, entropy = self.learner.old_logprobs(batch)  # entropy: the OGER H source
+            if cfg.preset.uses_offline or not self.learner.fuses_old_pass:
+                with timed(t, "old_logprob"):
+                    logp_old, entropy = self.learner.old_logprobs(batch)  # entropy: the OGER H source
+            else:  # one optimizer step, no teachers: the update's own pass gives the old log-probs
+                logp_old, t["old_logprob"] = None, 0.0
             offpolicy, mixed = torch.zeros(batch.size, dtype=torch.bool), {}
             if cfg.preset.uses_offline:
                 with timed(t, "offline"):
