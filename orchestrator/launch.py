@@ -63,15 +63,16 @@ def init_ray(num_cpus: int) -> None:
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
     env = {**WORKER_ENV, **TQDM_OFF_TERMINAL}  # a worker's output is a pipe
     address = os.environ.get("RAY_ADDRESS")  # a running cluster (infra/) when set
+    # logging_level: Ray's own INFO lines (its start banner, with colour codes whatever the output) off.
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True, logging_level=logging.WARNING)
     else:
         # A cluster of this process, on 127.0.0.1: its token-authentication notice is for shared clusters.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # The dashboard serves the State API; without it Ray Train's placement-group cleaner warns
         # about it every few seconds.
         ray.init(num_cpus=num_cpus, runtime_env={"env_vars": env}, include_dashboard=True,
-                 dashboard_host="127.0.0.1", log_to_driver=True)
+                 dashboard_host="127.0.0.1", log_to_driver=True, logging_level=logging.WARNING)
 
 
 # Filesystems every node of a cluster can mount: a folder on one of them is a storage a cluster can share.

@@ -24,6 +24,7 @@ import json
 import re
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -246,7 +247,9 @@ def importances(study) -> dict[str, float]:
     import optuna
 
     try:
-        return dict(optuna.importance.get_param_importances(study))
+        with warnings.catch_warnings():  # "too few trials": the report says how many it rests on
+            warnings.simplefilter("ignore", UserWarning)
+            return dict(optuna.importance.get_param_importances(study))
     except (RuntimeError, ValueError):  # fewer than two finished trials, or one value everywhere
         return {}
 
@@ -264,7 +267,9 @@ def plot_importance(values: dict[str, float], path: Path) -> None:
 
 def save(fig, path: Path) -> None:
     plt = pyplot()
-    fig.tight_layout()
+    with warnings.catch_warnings():  # a legend that leaves no margin is drawn as it is, without a warning
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

@@ -21,6 +21,8 @@ from mlflow.tracking import MlflowClient
 from trainables.config import TrialConfig
 
 log = logging.getLogger(__name__)
+# MLflow's notes on creating and migrating a new store's tables: each new storage folder's log opened with them.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 # The MLflow UI's experiment types: "custom_model_development" is its "Machine learning" kind (runs, charts).
 EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"
