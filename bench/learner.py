@@ -31,9 +31,14 @@ MEMORY_CHUNK = 256  # positions per logits chunk in the memory row
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}  # freed tensors leave RSS
 
 
+def _status_bytes(field: str) -> int:
+    """A field of this process's /proc status in bytes: VmHWM (this address space's high-water mark) or VmRSS."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
+
+
 def _peak_rss() -> int:
-    with open("/proc/self/status") as status:  # this address space's high-water mark, in bytes
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    return _status_bytes("VmHWM")
 
 
 def _learner(model_path: str, trial: dict):
@@ -133,7 +138,7 @@ def measure_push(spec: dict) -> dict:
     group = gloo_group("127.0.0.1", port, 0, 2, timeout_s=120)
     with open("/proc/self/clear_refs", "w") as refs:  # the high-water mark from here on
         refs.write("5")
-    base, start = _rss(), time.perf_counter()
+    base, start = _status_bytes("VmRSS"), time.perf_counter()
     if spec["whole"]:  # the push before: the whole model gathered and copied, then sent in buckets
         weights = Weights.of(learner.full_state_dict(), spec["bucket_bytes"])
     send_buckets(weights.buckets, plan, group=group)
@@ -141,11 +146,6 @@ def measure_push(spec: dict) -> dict:
     receiver.join()
     model_bytes = sum(m.nbytes for m in weights.metas)
     return {"extra_bytes": _peak_rss() - base, "model_bytes": model_bytes, "seconds": seconds}
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
 
 def _run(kind: str, spec: dict) -> dict:

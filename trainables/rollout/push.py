@@ -30,7 +30,7 @@ from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, TensorM
                                             plan_buckets, send_buckets, tensor_list)
 
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
-DEFAULT_BUCKET_BYTES = 256 * 2**20  # rollout.weight_bucket_mb's default
+DEFAULT_BUCKET_BYTES = 256 * 2**20  # rollout.weight_bucket_mb's default (this room reads no config)
 
 
 class WeightPush(ABC):
@@ -71,7 +71,7 @@ class ObjectStorePush(WeightPush):
         ray.get([engine.update_weights.remote(refs, version) for engine in self.engines])
 
 
-class GroupPush(WeightPush, ABC):
+class GroupPush(WeightPush):
     """Learner rank 0 (group rank 0) broadcasts bucketed weights to every engine over a group of their
     own, formed on the first push and again after any failure (an engine Ray restarted is a new process).
 
