@@ -2,9 +2,9 @@
 that no search run used, paired seed by seed, look by look (`decisions.confirm`), each seed its own Ray
 Train run and MLflow run (tags `stage` = confirm, `config`, `seed`) under the sweep's parent run.
 
-A killed or SIGTERM'd driver loses nothing: `--resume` walks the same looks again, and every seed run
-continues from its checkpoint (a finished one reports its final metrics at once), so it reaches the
-same values and the same verdict.
+A killed or SIGTERM'd driver loses nothing: `--resume` walks the same looks again; an arm whose seed runs
+are all closed `finished` at their last step is read from MLflow, any other continues every seed from its
+checkpoint (a finished one reports its final metrics at once), so it reaches the same values and verdict.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
     and validation draws its own seeds, so the training and the final value are those of `every: 10`."""
     steps = arm_steps(base, arm)
     cfgs = seed_configs(base, {**arm.params, "validation.every": steps}, arm.config_id, f"{exp.uri}/{STAGE}", offsets)
-    model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
     tracker = Tracker(exp.tracking_uri, cfgs[0].logging.experiment)
+    done = [tracker.finished_value(f"{cfg.storage.rstrip('/')}/{cfg.name}", metric, steps) for cfg in cfgs]
+    if all(v is not None for v in done):  # a resume after this arm ended: its record stands, nothing restarts
+        return [float(v) for v in done]
+    model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
     shown = short_params(arm.params)
     tags = {"kind": "trial", "stage": STAGE, "sweep": exp.name, "config": arm.config_id, **shown}
     run_ids = [tracker.start_trial_run(cfg, parent_run_id=exp.parent, resume=True, tags={**tags, "seed": str(cfg.seed)},

@@ -47,3 +47,13 @@ def short_value(value: Any) -> str:
 
 
 console = make_console()
+
+
+def roles(pairs: list[tuple[str | None, str]]) -> dict[str, str]:
+    """[(configuration, role), ...] -> {configuration: "role & role"}: what a sweep made of each (the
+    baseline, the selection's best, the final model's), for table rows and legends."""
+    found: dict[str, list[str]] = {}
+    for config, role in pairs:
+        if config:
+            found.setdefault(config, []).append(role)
+    return {config: " & ".join(r) for config, r in found.items()}

@@ -119,10 +119,18 @@ def prune(candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level
     """Stop `candidate` (its per-seed values at the rung) when its upper bound lies below the best lower
     bound among `rung` (the other configurations that reached the rung): mean ± t_{df} · s_p / √n,
     s_p the seed SD pooled over them and the candidate. Unmeasured noise (one seed each): never."""
+    bounds = prune_bounds(candidate, rung, level, mode)
+    return bounds is not None and bounds[0] < bounds[1]
+
+
+def prune_bounds(candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level: float = 0.95,
+                 mode: str = "max") -> tuple[float, float] | None:
+    """(the candidate's bound nearest the best, the rung's best far bound), in the objective's sign
+    (× -1 for mode min): what `prune` compares; None where the noise is unmeasured."""
     groups = [list(v) for v in rung.values()] + [list(candidate)]
     sd, df = pooled_sd(groups)
     if not df or not rung:
-        return False
+        return None
     sign = 1 if mode == "max" else -1
     t = float(stats.t.ppf(0.5 + level / 2, df))
 
@@ -131,8 +139,7 @@ def prune(candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level
         half = t * sd / math.sqrt(len(values))
         return mean - half, mean + half
 
-    best_low = max(bounds(v)[0] for v in rung.values())
-    return bool(bounds(candidate)[1] < best_low)
+    return bounds(candidate)[1], max(bounds(v)[0] for v in rung.values())
 
 
 def paired_p(diffs: Sequence[float]) -> float:

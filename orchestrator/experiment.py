@@ -25,6 +25,7 @@ from orchestrator.inputs import check_folder_path, check_name, check_tracking_ur
 from orchestrator.lease import Lease, check_settings
 from orchestrator.launch import check_shared_storage, init_ray, load_offline, logical_cpus, storage_uri
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
+from orchestrator.scheduler import pruned_record
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, ended, seed_configs, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.stats import Interval, describe, paired_difference, seed_interval, seeds_needed, seeds_range, verdict
@@ -219,13 +220,13 @@ class TrialStates(Callback):
         if result.get(VAL_STEP) == result.get("progress/step"):  # a validation step
             self._say(trial, f"step {result['progress/step']}/{result.get(HORIZON_KEY, '?')}: {self._objective(result)}")
 
-    def _close(self, trial, state: str) -> None:
+    def _close(self, trial, state: str, description: str | None = None) -> None:
         from trainables.rollout.service import remove_engine_group
 
         RUNNING.discard(trial.trial_id)
         for seed in self.seeds:  # a pruned trial's actors are killed before their `finally` runs
             remove_engine_group(seed_name(trial.trial_id, seed))
-        CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state)
+        CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state, description)
         if getattr(self, "study", None) is not None:  # (a callback restored from an older sweep has none)
             CLOSER.submit(save_study, *self.study)
 
@@ -234,7 +235,9 @@ class TrialStates(Callback):
         uri = self.study[1] if getattr(self, "study", None) else None
         state, pruned, _ = ended(result, uri, trial.trial_id,
                                  lambda config: self.tracker.config_seeds(self.sweep, config, self.metric))
-        self._close(trial, state)
+        _, why = pruned_record(uri, trial.trial_id) or (None, "")
+        self._close(trial, state, f"Pruned at step {pruned}: {why or 'the scheduler stopped it'}. Its metrics end "
+                                  f"where it was judged." if state == "pruned" else None)
         said = {"finished": "finished", "pruned": f"pruned by the scheduler at step {pruned}",
                 "errored": "ended short of its last step with no scheduler decision"}[state]
         objective = self._objective(result)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import re
 import sys
 import tempfile
@@ -30,10 +31,11 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
-from orchestrator.console import console, short_params
+from orchestrator.console import console, roles, short_params
 from orchestrator.inputs import check_tracking_uri
 from orchestrator.spec import SpecError
-from orchestrator.tracking import default_tracking_uri, unflatten
+from orchestrator.stats import seed_interval
+from orchestrator.tracking import default_tracking_uri, open_store, unflatten
 from trainables.config import DecodingConfig
 from trainables.evaluation import mean_pass_at_k
 from trainables.rollout.ead import SCHEDULES
@@ -145,6 +147,57 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
     return True
 
 
+def legend_marks(tags: dict[str, str]) -> dict[str, str]:
+    """Configuration -> what the sweep made of it: the baseline, the selection's best, the final model's."""
+    return roles([(tags.get("baseline"), "baseline"), (tags.get("selected_best"), "best"),
+                  (tags.get("best_trial"), "final model")])
+
+
+def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[str], marks: dict[str, str], path: Path,
+                        title: str) -> bool:
+    """A panel per metric, a line per configuration: the mean over its seeds at each step every seed
+    reached, from the base policy (step 0), its 95% interval over seeds as a band (none for one seed);
+    `marks` labels configurations in the legend (baseline, best), a pruned one's end is marked x; the
+    legend right of the panels. False (no file) when no trial has any of the metrics."""
+    plt = pyplot()
+    present = [k for k in keys if any(k in r.data.metrics for r in trials)]
+    if not present:
+        return False
+    configs: dict[str, list] = {}
+    for run in trials:
+        configs.setdefault(run.data.tags.get("config", run.info.run_name), []).append(run)
+    fig, axes = plt.subplots(1, len(present), figsize=(5.2 * len(present) + 3.2, 4.2), squeeze=False)
+    for ax, key in zip(axes.flat, present):
+        for i, (config, runs) in enumerate(configs.items()):
+            per_seed = [dict(zip(*with_base(run, key, *history(client, run, key)))) for run in runs]
+            steps = sorted(set.intersection(*(set(h) for h in per_seed)))
+            if not steps:
+                continue
+            intervals = [seed_interval([h[s] for h in per_seed]) for s in steps]
+            pruned = any(r.data.tags.get("state") == "pruned" for r in runs)
+            params = " ".join(f"{k}={v}" for k, v in short_params({k: runs[0].data.params.get(k) for k in searched}).items())
+            name = ", ".join(filter(None, [config, params, f"{len(runs)} seed(s)", marks.get(config),
+                                           "pruned" if pruned else ""]))
+            color = f"C{i % 10}"
+            ax.plot(steps, [iv.mean for iv in intervals], color=color, marker=".", label=name)
+            if all(math.isfinite(iv.low) for iv in intervals):
+                ax.fill_between(steps, [iv.low for iv in intervals], [iv.high for iv in intervals], color=color,
+                                alpha=0.15, linewidth=0)
+            if pruned:
+                ax.plot(steps[-1], intervals[-1].mean, "x", color=color, markersize=10, markeredgewidth=2)
+        ax.set_title(f"{key}: mean over seeds, 95% band", fontsize=10)
+        ax.set_xlabel("RL step (0: the base policy)")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1 - 3.1 / fig.get_figwidth(), 0.5), fontsize=7,
+               frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1 - 3.2 / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def plot_temperatures(trials, searched: list[str], path: Path) -> None:
     """EAD paper, Fig. 1: the temperature each token position is decoded at, at the first and the last
     RL step (EAD's s: 1 at the first rollout)."""
@@ -214,7 +267,8 @@ def study_of(folder: Path, sweep: str):
     return optuna.load_study(study_name=sweep, storage=f"sqlite:///{db}") if db.is_file() else None
 
 
-def plot_objective(trials, searched: list[str], metric: str, path: Path) -> bool:
+def plot_objective(trials, searched: list[str], metric: str, path: Path, log: set[str] = frozenset()) -> bool:
+    """The objective against each searched parameter, a point per trial; `log`: those searched on a log scale."""
     plt = pyplot()
     values = [(run, run.data.metrics.get(metric)) for run in trials]
     values = [(run, v) for run, v in values if v is not None]
@@ -235,7 +289,9 @@ def plot_objective(trials, searched: list[str], metric: str, path: Path) -> bool
                 ax.scatter(*zip(*points), **style)
         ax.set_title(f"{metric} against {key.rsplit('.', 1)[-1]}", fontsize=9)
         ax.legend(fontsize=7)
-        ax.set_xlabel(key)
+        ax.set_xlabel(key + (" (log scale, as searched)" if key in log else ""))
+        if key in log:
+            ax.set_xscale("log")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
     save(fig, path)
@@ -324,11 +380,12 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     folder = Path(target).expanduser().resolve()
     if not folder.is_dir():
         raise SpecError(f"SWEEP_OR_TRIAL: {folder} is not a folder (a sweep's <storage>/<name> or a trial's)")
-    client = MlflowClient(tracking_uri or default_tracking_uri(str(folder.parent)))
+    client = open_store(tracking_uri or default_tracking_uri(str(folder.parent)))
     anchor, trials, sweep = find_runs(client, experiment, folder)
     study = study_of(folder, sweep) if sweep else None
     searched = sorted({k for t in study.trials for k in t.params}) if study else []
-    metric = anchor.data.params.get("search.metric") if sweep else "val/accuracy"
+    params = anchor.data.params
+    metric = (params.get("search.metric") or params.get("study.metric")) if sweep else "val/accuracy"
     report = Path(out).resolve() if out else folder / "report"
     report.mkdir(parents=True, exist_ok=True)
     images, notes = [], []
@@ -337,7 +394,8 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
         images.append("curves.png")
     shown = tuple(dict.fromkeys(filter(None, (metric, "val/accuracy"))))  # the objective first
     validation = tuple(m for m in shown if m.startswith("val/"))
-    if plot_metrics(client, trials, validation, searched, report / "validation.png", title):
+    marks = legend_marks(anchor.data.tags) if sweep else {}
+    if plot_configurations(client, trials, validation, searched, marks, report / "validation.png", title):
         images.append("validation.png")
     if plot_metrics(client, trials, ("oger/exploration_mean", "oger/exploration_max"), searched,
                     report / "oger_exploration.png", "OGER exploration reward"):
@@ -349,7 +407,8 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     else:
         notes.append("no evaluation yet: run python -m orchestrator.evaluate on a trial for pass@k curves")
     importance = importances(study) if study else {}
-    if sweep and plot_objective(trials, searched, metric, report / "objective.png"):
+    logged = {k for t in study.trials for k, d in t.distributions.items() if getattr(d, "log", False)} if study else set()
+    if sweep and plot_objective(trials, searched, metric, report / "objective.png", logged):
         images.append("objective.png")
     if importance:
         plot_importance(importance, report / "importance.png")

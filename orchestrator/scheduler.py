@@ -19,31 +19,40 @@ import re
 import pyarrow.fs
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
-from orchestrator.decisions import prune
+from orchestrator.decisions import prune_bounds
 from trainables.config import VAL_STEP
 
 
 PRUNED_FOLDER = "pruned"
 
 
-def record_pruned(uri: str, trial_id: str, step: int) -> None:
-    """The scheduler stopped `trial_id` at RL step `step`: said durably, before Tune acts on it."""
+def record_pruned(uri: str, trial_id: str, step: int, why: str = "") -> None:
+    """The scheduler stopped `trial_id` at RL step `step` (`why`: the rung's rule in numbers): said
+    durably, before Tune acts on it."""
     fs, path = pyarrow.fs.FileSystem.from_uri(f"{uri.rstrip('/')}/{PRUNED_FOLDER}/{trial_id}.json")
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
-        f.write(json.dumps({"step": int(step)}).encode())
+        f.write(json.dumps({"step": int(step), "why": why}).encode())
 
 
-def pruned_at(uri: str | None, trial_id: str) -> int | None:
-    """The RL step the scheduler stopped `trial_id` at, from its durable record; None if it never did."""
+def pruned_record(uri: str | None, trial_id: str) -> tuple[int, str] | None:
+    """(the RL step the scheduler stopped `trial_id` at, why) from its durable record; None if it never did."""
     if not uri:
         return None
     try:
         fs, path = pyarrow.fs.FileSystem.from_uri(f"{uri.rstrip('/')}/{PRUNED_FOLDER}/{trial_id}.json")
         with fs.open_input_stream(path) as f:
-            return int(json.loads(f.read())["step"])
-    except (OSError, ValueError, KeyError, TypeError):  # FileNotFoundError is an OSError
+            record = json.loads(f.read())
+        why = record.get("why", "")
+        return int(record["step"]), why if isinstance(why, str) else ""
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # FileNotFoundError is an OSError
         return None
+
+
+def pruned_at(uri: str | None, trial_id: str) -> int | None:
+    """The RL step the scheduler stopped `trial_id` at, from its durable record; None if it never did."""
+    record = pruned_record(uri, trial_id)
+    return None if record is None else record[0]
 
 
 def rungs(grace_period: int, reduction_factor: float, max_t: int) -> list[int]:
@@ -94,12 +103,19 @@ class IntervalRungs(FIFOScheduler):
                 continue
             others = dict(rung)
             rung[trial_id] = values
-            if prune(values, others, self.level, self._mode or "max"):
+            bounds = prune_bounds(values, others, self.level, self._mode or "max")
+            if bounds is not None and bounds[0] < bounds[1]:
                 self.stopped[trial_id] = milestone
                 if self.record_to:
-                    record_pruned(self.record_to, trial_id, step)
+                    record_pruned(self.record_to, trial_id, step, self.why(bounds, milestone, len(others)))
                 return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
+
+    def why(self, bounds: tuple[float, float], milestone: int, others: int) -> str:
+        near, far = ("upper", "lower") if (self._mode or "max") == "max" else ("lower", "upper")
+        sign = 1 if near == "upper" else -1
+        return (f"its {self.level:.0%} {near} bound of {self._metric} ({sign * bounds[0]:.3f}) lay beyond the best "
+                f"{far} bound ({sign * bounds[1]:.3f}) of the {others} configuration(s) at the rung of step {milestone}")
 
     def debug_string(self) -> str:
         return f"IntervalRungs: rungs {self.milestones}, {len(self.stopped)} stopped"
@@ -116,5 +132,21 @@ class RecordedASHA(ASHAScheduler):
         decision = super().on_trial_result(tune_controller, trial, result)
         step = result.get(self._time_attr, 0)  # at max_t ASHA also says STOP: the trial ended, it was not pruned
         if decision == TrialScheduler.STOP and self.record_to and step < self._max_t:
-            record_pruned(self.record_to, trial.trial_id, step)
+            record_pruned(self.record_to, trial.trial_id, step, self.why(trial.trial_id, step))
         return decision
+
+    def why(self, trial_id: str, step: int) -> str:
+        """The rung's cut-off, recomputed as Ray's `_Bracket.on_result` took it: the (1 - 1/rf) quantile of
+        the values recorded at the rung before this one's (Ray pinned: `_trial_info`, `_rungs`, `cutoff`)."""
+        bracket = self._trial_info.get(trial_id)
+        for milestone, recorded in getattr(bracket, "_rungs", []):
+            if milestone <= step and trial_id in recorded:
+                others = {k: v for k, v in recorded.items() if k != trial_id}
+                cutoff, value = bracket.cutoff(others), recorded[trial_id]
+                if cutoff is None:
+                    break
+                side = "below" if self._metric_op > 0 else "above"
+                return (f"its {self._metric} ({self._metric_op * value:.3f}) was {side} the cut-off "
+                        f"({self._metric_op * cutoff:.3f}) of the rung of step {milestone}: ASHA lets the best "
+                        f"1/{bracket.rf:g} of the {len(others) + 1} configuration(s) there go on")
+        return ""

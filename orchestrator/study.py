@@ -145,6 +145,7 @@ def run(spec: str, args) -> int:
                              tables={"study.md": (exp.folder / "study.md").read_text(),
                                      "study.json": (exp.folder / "study.json").read_text()})
     console.print((exp.folder / "study.md").read_text(), highlight=False, soft_wrap=True)
+    experiment.write_report(exp)
     console.print(f"study done in {time.perf_counter() - exp.started:.0f} s: {exp.folder / 'study.md'}")
     return 0
 
@@ -182,9 +183,10 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
     se = [r.data.metrics.get(experiment.SE_KEY) for r in runs]
     curves, steps = {}, []
     for key in (study.metric, *CURVES):
-        # The base policy's validation (logged as <metric>_base) is the curve's step 0.
-        histories = [sorted([(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
-                            + ([(0, r.data.metrics[f"{key}_base"])] if f"{key}_base" in r.data.metrics else []))
+        # The base policy's validation is the curve's step 0 (runs recorded before val/* was logged at step 0
+        # hold it only as <metric>_base).
+        histories = [sorted((dict([(0, r.data.metrics[f"{key}_base"])] if f"{key}_base" in r.data.metrics else [])
+                             | {m.step: m.value for m in client.get_metric_history(r.info.run_id, key)}).items())
                      for r in runs]
         if histories and all(histories):
             curves[key] = band(histories)

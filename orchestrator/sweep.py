@@ -34,7 +34,7 @@ import yaml
 from rich.table import Table
 
 from orchestrator.cli import ExperimentFailed, cli, later, parser
-from orchestrator.console import console, number_table
+from orchestrator.console import console, number_table, roles
 from orchestrator.spec import BEST_SPEC, SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
 from trainables.config import TrialConfig
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 # Ray Tune and the experiment's machinery (MLflow, torch) load once the spec has passed its checks.
 tune = later("ray.tune")
-experiment = later("orchestrator.experiment")
+experiment, tracking = later("orchestrator.experiment"), later("orchestrator.tracking")
 
 
 def optuna_space(search: SearchConfig) -> tuple[dict, dict[str, Any]]:
@@ -203,7 +203,7 @@ def run(spec: str, args) -> int:
     report(results, search, exp, base, fixed)
     experiment.write_report(exp)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
-    console.print(f"MLflow: mlflow ui --backend-store-uri {exp.tracking_uri} --host 127.0.0.1", soft_wrap=True)
+    console.print(f"MLflow: {tracking.ui_hint(exp.tracking_uri)}", soft_wrap=True)
     if view := exp.tracker.trials_view(exp.name, search.metric):
         console.print(f"  and open {view}", soft_wrap=True)
     return 0
@@ -240,9 +240,10 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     finished = ranked([s for s in scored if s.state == "finished"] or scored, search)
     best = finished[0]
     lines, metrics, tags = verdict_against_baseline(summaries, finished, search)
+    tags["selected_best"] = best.config_id  # first in the selection's ranking (`best_trial`: what the final model trains)
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
-    final = best
+    final, more = best, []
     if search.confirm is not None:
         more, final = confirmation(exp, apply_overrides(base, fixed), summaries, finished, search, metrics, tags)
         lines += more
@@ -253,10 +254,15 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
     summary = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
-    table = experiment.markdown_table(summaries, search.metric, keys) + "\n" + "\n\n".join(lines) + "\n"
+    baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
+    names = {c: f"{c} ({role})" for c, role in roles([(baseline and baseline.config_id, "baseline"),
+                                                      (best.config_id, "best"), (final.config_id, "final model")]).items()}
+    table = (experiment.markdown_table(ranked(summaries, search), search.metric, keys, names) + "\n"
+             + "\n\n".join(lines) + "\n")
     exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},
                              metrics={"best/ci_low": final.interval.low, "best/ci_high": final.interval.high, **metrics},
-                             tags=tags, tables={"configurations.md": table})
+                             tags=tags, tables={"configurations.md": table},
+                             description=" ".join(more or lines[1:] or lines))  # the verdict, the final one first
     return summary
 
 

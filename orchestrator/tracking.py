@@ -8,9 +8,11 @@ says so in one line.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import time
 import urllib.parse
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,59 @@ def artifact_location(tracking_uri: str) -> str | None:
     if not tracking_uri.startswith("sqlite:///"):
         return None
     return (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+
+
+# The tag of an experiment whose artifacts live beside its sqlite store: they move with the folder.
+BESIDE = ("rlvr.artifacts", "beside the store")
+# The columns where a sqlite store's client writes a file URI of the folder the store was in.
+ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                    ("logged_models", "artifact_location"), ("model_versions", "source"),
+                    ("model_versions", "storage_location"))
+
+
+def open_store(tracking_uri: str) -> MlflowClient:
+    """A client of the store; a sqlite store's artifact records first re-pointed at its folder (`rebase`)."""
+    if tracking_uri.startswith("sqlite:///"):
+        rebase(Path(tracking_uri.removeprefix("sqlite:///")))
+    return MlflowClient(tracking_uri)
+
+
+def rebase(db: Path) -> int:
+    """Make a copied or moved storage folder whole again; the rows changed (0 where nothing moved).
+
+    A sqlite store's client can only record absolute file URIs (`<folder>/mlartifacts/...`): after a
+    move they name the old place, where the artifacts no longer are. Every record under another folder's
+    `.../mlartifacts` root is re-pointed at this folder's, so MLflow's client, `mlflow ui` and the report
+    open every artifact from where the folder is now. Only experiments made here with their artifacts
+    beside the store (tag `BESIDE`) are moved: one given a folder of its own keeps it."""
+    if not db.is_file():
+        return 0
+    new = (db.parent / "mlartifacts").as_uri()
+    with closing(sqlite3.connect(db, timeout=60)) as con, con:
+        tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "experiments" not in tables:
+            return 0
+        roots = {loc for (loc,) in con.execute(
+            "SELECT e.artifact_location FROM experiments e JOIN experiment_tags t ON t.experiment_id = e.experiment_id"
+            " WHERE t.key = ? AND t.value = ?", BESIDE) if loc.startswith("file://") and loc != new}
+        changed = 0
+        for old, (table, column) in ((old, tc) for old in roots for tc in ARTIFACT_COLUMNS if tc[0] in tables):
+            n = len(old)
+            changed += con.execute(
+                f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ? "
+                f"AND (length({column}) = ? OR substr({column}, ?, 1) = '/')", (new, n + 1, n, old, n, n + 1)).rowcount
+    return changed
+
+
+def ui_hint(tracking_uri: str) -> str:
+    """How to open the store: a storage folder's through `orchestrator.ui` (which also works on a moved
+    copy), any other sqlite file through `mlflow ui`, a server at its address."""
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    if tracking_uri.startswith("sqlite:///") and db.name == "mlflow.db":
+        return f"python -m orchestrator.ui {db.parent}  (the MLflow UI on http://127.0.0.1:5000)"
+    if tracking_uri.startswith("sqlite:///"):
+        return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
+    return tracking_uri
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -128,7 +183,7 @@ class Tracker:
         self.uri = tracking_uri
         self.experiment = experiment
         self.retry_waits_s = retry_waits_s
-        self.client = MlflowClient(tracking_uri)
+        self.client = open_store(tracking_uri)
         self._experiment_id: str | None = None
 
     @property
@@ -138,12 +193,16 @@ class Tracker:
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             if found is None:
+                beside = artifact_location(self.uri)
                 self._experiment_id = self.client.create_experiment(
-                    self.experiment, artifact_location=artifact_location(self.uri), tags={EXPERIMENT_KIND: TRAINING})
+                    self.experiment, artifact_location=beside,
+                    tags={EXPERIMENT_KIND: TRAINING, **(dict([BESIDE]) if beside else {})})
             else:
                 self._experiment_id = found.experiment_id
                 if EXPERIMENT_KIND not in found.tags:  # made before experiments had a kind
                     self.client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND, TRAINING)
+                if found.artifact_location == artifact_location(self.uri) and BESIDE[0] not in found.tags:
+                    self.client.set_experiment_tag(self._experiment_id, *BESIDE)  # made before folders moved
         return self._experiment_id
 
     def trials_view(self, sweep: str, metric: str) -> str | None:
@@ -187,6 +246,17 @@ class Tracker:
         self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
                              "spec.yaml")
         return run_id
+
+    def finished_value(self, run_path: str, metric: str, steps: int) -> float | None:
+        """`metric` of the run recording the Train run at `run_path`, if it is closed `finished` at step
+        `steps`; else (none, short, open, or the store unreachable) None."""
+        def read() -> float | None:
+            found = self.client.search_runs([self.experiment_id], tags_filter(run_path=run_path),
+                                            order_by=["attributes.start_time DESC"], max_results=1)
+            m = found[0].data.metrics if found and found[0].data.tags.get("state") == "finished" else {}
+            return m.get(metric) if m.get("progress/step") == steps else None
+
+        return self._retried("reading the run's final value", read)
 
     def find_trial_run(self, run_path: str) -> str | None:
         """The id of the run recording the Train run at `run_path` (<storage>/<name>), if any."""
@@ -256,14 +326,15 @@ class Tracker:
 
     def finish_sweep(self, run_id: str | None, best: dict[str, Any], budget: dict[str, float], *,
                      metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
-                     tables: dict[str, str] | None = None) -> None:
-        """Close the parent run with the best configuration, the verdict's metrics and tags, and tables."""
+                     tables: dict[str, str] | None = None, description: str = "") -> None:
+        """Close the parent run with the best configuration, the verdict's metrics and tags, tables, and the
+        verdict in words as the run page's description."""
         if run_id is not None:
             self._retried("closing the sweep run", self._finish_sweep, run_id, best, budget, metrics or {},
-                          tags or {}, tables or {})
+                          tags or {}, tables or {}, description)
 
     def _finish_sweep(self, run_id: str, best: dict[str, Any], budget: dict[str, float], metrics: dict[str, float],
-                      tags: dict[str, str], tables: dict[str, str]) -> None:
+                      tags: dict[str, str], tables: dict[str, str], description: str) -> None:
         objective = {} if best.get("metric") is None else {"best/objective": best["metric"]}
         finite = {k: v for k, v in metrics.items() if v == v}  # a NaN bound (one seed) is left out
         self.log_metrics(run_id, {**objective, **finite, **{f"sweep/{k}": v for k, v in budget.items()}})
@@ -274,7 +345,7 @@ class Tracker:
             self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
         for name, text in tables.items():
             self.client.log_text(run_id, text, name)
-        self._finish(run_id, "finished")
+        self._finish(run_id, "finished", description)
 
     def config_run_ids(self, sweep: str, config: str) -> list[str] | None:
         """The runs of one configuration of a sweep or study (one per seed)."""
@@ -333,18 +404,19 @@ class Tracker:
         if self.client.get_run(run_id).info.status == "RUNNING":
             self._finish(run_id, state)
 
-    def finish_sweep_trial(self, sweep: str, trial_id: str, state: str) -> None:
-        """Close a sweep trial's run, found by its tags (the Tune callback knows no run id)."""
-        self._retried("closing the trial run", self._finish_sweep_trial, sweep, trial_id, state)
+    def finish_sweep_trial(self, sweep: str, trial_id: str, state: str, description: str | None = None) -> None:
+        """Close a sweep trial's runs, found by their tags (the Tune callback knows no run id)."""
+        self._retried("closing the trial run", self._finish_sweep_trial, sweep, trial_id, state, description)
 
-    def _finish_sweep_trial(self, sweep: str, trial_id: str, state: str) -> None:
+    def _finish_sweep_trial(self, sweep: str, trial_id: str, state: str, description: str | None) -> None:
         for run in self.client.search_runs([self.experiment_id],
                                            tags_filter(sweep=sweep, trial_id=trial_id)):
-            self._finish(run.info.run_id, state)
+            self._finish(run.info.run_id, state, description)
 
-    def _finish(self, run_id: str, state: str) -> None:
+    def _finish(self, run_id: str, state: str, description: str | None = None) -> None:
         self.client.set_tag(run_id, "state", state)
-        self.client.set_tag(run_id, "mlflow.note.content", DESCRIPTION.get(state, ""))  # the run page's description
+        # the run page's description
+        self.client.set_tag(run_id, "mlflow.note.content", description or DESCRIPTION.get(state, ""))
         status = STATUS.get(state, RunStatus.FAILED)
         self.client.set_terminated(run_id, RunStatus.to_string(status))
 

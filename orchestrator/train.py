@@ -102,7 +102,7 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
                       f"with --resume to continue", soft_wrap=True)
     elif result.checkpoint is not None:
         export_final(cfg, result.checkpoint, tracker, run_id)
-    console.print(f"MLflow: mlflow ui --backend-store-uri {uri} --host 127.0.0.1")
+    console.print(f"MLflow: {tracking.ui_hint(uri)}", soft_wrap=True)
     return metrics
 
 

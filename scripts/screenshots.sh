@@ -12,7 +12,7 @@ $PY -c "import optuna_dashboard" 2>/dev/null || $PY -m pip install -q -e ".[ui]"
 
 free_port() { $PY -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 MLFLOW_PORT=$(free_port); OPTUNA_PORT=$(free_port)
-$PY -m mlflow ui --backend-store-uri "sqlite:///$STORAGE/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" \
+$PY -m orchestrator.ui "$STORAGE" --port "$MLFLOW_PORT" \
   >"$OUT/mlflow.log" 2>&1 &
 MLFLOW_PID=$!
 "$(dirname "$PY")/optuna-dashboard" "sqlite:///$STORAGE/$SWEEP/optuna.db" --host 127.0.0.1 --port "$OPTUNA_PORT" \

@@ -67,12 +67,14 @@ def fault_metrics(storage: Path, run=None) -> dict[str, list[float]]:
             for key in run.data.metrics if key.startswith("faults/")}
 
 
-def logged_steps(storage: Path) -> list[int]:
-    """RL steps logged so far by each trial run in the storage, oldest run first ([] before any)."""
+def logged_steps(storage: Path, stage: str | None = None) -> list[int]:
+    """RL steps logged so far by each trial run in the storage (of `stage`: select, confirm), oldest run
+    first ([] before any)."""
     try:
         client = MlflowClient(default_tracking_uri(str(storage)))
         return [max((int(m.value) for m in client.get_metric_history(run.info.run_id, "progress/step")), default=0)
-                for run in sorted(runs(storage), key=lambda r: r.info.start_time)]
+                for run in sorted(runs(storage), key=lambda r: r.info.start_time)
+                if stage is None or run.data.tags.get("stage") == stage]
     except Exception:  # noqa: BLE001 - the store is still being created
         return []
 

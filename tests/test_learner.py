@@ -191,8 +191,7 @@ def test_the_weight_push_lands_every_tensor_bit_for_bit(ray_cluster, rollouts, t
 
     from trainables.rollout.service import start_rollout_service
 
-    runs = [(1, 1, "gloo"), (1, 2, "object_store"), (2, 1, "object_store"), (2, 2, "gloo"), (3, 1, "object_store"),
-            (3, 2, "gloo")]  # every ZeRO stage on 1 and 2 ranks, each transfer at each stage
+    runs = [(1, 2, "object_store"), (2, 1, "gloo"), (3, 2, "gloo")]  # every ZeRO stage, 1 and 2 ranks, each transfer
     initial = HFEngine(tiny_model_path).model.state_dict()
     assert sum(t.numel() * t.element_size() for t in initial.values()) > 3 * 2**20  # more than 3 buckets
     for zero, world, transfer in runs:

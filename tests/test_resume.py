@@ -248,72 +248,127 @@ def kill_session(driver: subprocess.Popen) -> None:
         time.sleep(0.5)
 
 
-# Moments of a sweep's life, each found from its own progress (MLflow steps, Ray Train's committed checkpoints).
+# Moments of a sweep's life, each found from its own progress (MLflow steps, Ray Train's committed
+# checkpoints, the files the sweep writes).
 KILL_POINTS = {
-    # the second configuration mid-trial, past its first checkpoint
-    "second_trial_mid_run": lambda storage: logged_steps(storage)[1:2] >= [3] and committed(storage)[1:2] >= [1],
     # the first configuration's last step checkpointed and committed, before Tune records the trial's end
     "first_trial_after_its_last_step": lambda storage: finished_runs(storage, 5) >= 1,
     # between configurations: the second one's MLflow run open, its start-up under way, no step yet
     "between_configurations": lambda storage: len(logged_steps(storage)) >= 2 and logged_steps(storage)[1] == 0,
+    # the second configuration mid-trial, past its first checkpoint
+    "second_trial_mid_run": lambda storage: logged_steps(storage)[1:2] >= [3] and committed(storage)[1:2] >= [1],
+    # a confirmation seed past its first checkpoint (the selection over, the verdict not yet made)
+    "mid_confirmation": lambda storage: max(logged_steps(storage, "confirm"), default=0) >= 3,
+    # the report being written: its folder made, the parent run already closed with the verdict
+    "while_reporting": lambda storage: (storage / "s" / "report").is_dir(),
 }
+# A preemptible sweep may be lost more than once: each case kills the whole machine at its points in turn,
+# in the order a sweep reaches them, resuming after each; every store is checked after the last resume.
+# The first case runs the reference's trial under ASHA (which may stop the second configuration at step
+# 4); the second a lighter trial (one rank, 8 prompts) without a scheduler, so that both run to the end
+# and the confirmation runs.
+CASES = {("first_trial_after_its_last_step", "second_trial_mid_run"): "asha",
+         ("between_configurations", "mid_confirmation", "while_reporting"): "confirm"}
+SETTINGS = {"asha": ["search.scheduler={name: asha, grace_period: 4}", *TRIAL],
+            "confirm": ["search.confirm={seeds: 2, max_seeds: 2}", "learner.steps=5", f"checkpoint.every={EVERY}",
+                        "validation.every=2", "validation.num_prompts=8", "validation.samples=2"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_point", list(KILL_POINTS))
-def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_cluster, tmp_path, kill_point):
-    """The sweep's driver runs its own local Ray cluster; at `kill_point` the whole machine goes (driver,
-    GCS, raylet, workers). The same command with --resume on a fresh cluster finishes it, and MLflow, Tune
-    and Optuna each say what happened to every trial."""
+@pytest.mark.parametrize("kill_points", list(CASES), ids="+".join)
+def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_cluster, tmp_path, kill_points):
+    """The sweep's driver runs its own local Ray cluster; at each of `kill_points` the whole machine goes
+    (driver, GCS, raylet, workers) and the same command with --resume on a fresh cluster goes on. MLflow,
+    Tune and Optuna each say what happened to every trial, and the verdict is the seeds' own."""
     ray_cluster.shutdown()  # this machine runs one cluster at a time: the sweep's own
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     command = [sys.executable, "-m", "orchestrator.sweep", str(sweep_spec(tmp_path)), "--name", "s", "--storage",
-               str(tmp_path), "--num-samples", "2", "--set", "search.scheduler={name: asha, grace_period: 4}",
-               *[arg for o in TRIAL for arg in ("--set", o)]]
+               str(tmp_path), "--num-samples", "2", *[arg for o in SETTINGS[CASES[kill_points]] for arg in ("--set", o)]]
     try:
-        driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
-        when(lambda: KILL_POINTS[kill_point](tmp_path), lambda: kill_session(driver)).join()
-        driver.wait(timeout=60)
+        for point, resume in zip(kill_points, ([], *[["--resume"]] * len(kill_points))):
+            driver = subprocess.Popen([*command, *resume], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+            when(lambda: KILL_POINTS[point](tmp_path), lambda: kill_session(driver)).join()
+            driver.wait(timeout=60)
+            assert driver.returncode == -signal.SIGKILL, (point, driver.returncode)  # killed, not finished
         resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=900)
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     finally:
         init_ray(num_cpus=6)  # the suite's cluster again
+    if CASES[kill_points] == "asha":
+        check_selection_records(tmp_path, reference)
+    else:
+        check_selection_records(tmp_path, None)
+        check_confirmation_records(tmp_path, resumed.stdout)
 
-    # Each store says what happened to each trial, and they agree: ASHA may stop one at step 4 (pruned
-    # everywhere) or let it run to step 5 (finished everywhere, the killed one with the uninterrupted
-    # history, each step once).
+
+def check_selection_records(storage, reference: dict | None) -> None:
+    """Each store says what happened to each selection trial, and they agree: ASHA may stop one at step 4
+    (pruned everywhere) or let it run to step 5 (finished everywhere, each step once; the reference's
+    settings with the uninterrupted history)."""
     from ray import tune
 
     def trainable(config):  # Tune checks the name only: reading results runs nothing
         raise AssertionError("not run")
 
-    grid = tune.Tuner.restore(str(tmp_path / "s" / "tune"), trainable).get_results()
+    grid = tune.Tuner.restore(str(storage / "s" / "tune"), trainable).get_results()
     final = {r.config["rollout.decoding.ead.tau_max"]: r.metrics for r in grid}
     assert sorted(final) == [1.0, 1.2] and all(m["progress/step"] >= 4 for m in final.values())
-    (parent,) = runs(tmp_path, "sweep")
+    (parent,) = runs(storage, "sweep")
     assert parent.data.tags["state"] == "finished" and parent.info.status == "FINISHED"
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'optuna.db'}")
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage / 's' / 'optuna.db'}")
     proposals = [t for t in study.trials if "lost" not in t.user_attrs]  # never started: FAIL, and said so
     assert len(proposals) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in study.trials
                                        if "lost" in t.user_attrs)
     optuna_state = {t.params["rollout.decoding.ead.tau_max"]: t.state for t in proposals}
-    for tau, run in ((float(r.data.params["rollout.decoding.ead.tau_max"]), r) for r in runs(tmp_path)):
-        finished = max(s for s, _ in history(tmp_path, run)["progress/step"]) == 5  # the truth: its own steps
-        assert (final[tau]["progress/step"] == 5) == finished, (kill_point, tau, final[tau].get("progress/step"))
+    selection = [r for r in runs(storage) if r.data.tags["stage"] == "select"]
+    assert sorted(float(r.data.params["rollout.decoding.ead.tau_max"]) for r in selection) == [1.0, 1.2]
+    for run in selection:
+        tau = float(run.data.params["rollout.decoding.ead.tau_max"])
+        steps = [s for s, _ in history(storage, run)["progress/step"]]
+        finished = max(steps) == 5  # the truth: its own steps
+        assert (final[tau]["progress/step"] == 5) == finished, (tau, final[tau].get("progress/step"))
         assert (run.data.tags["state"], run.info.status) == ("finished" if finished else "pruned", "FINISHED")
         assert optuna_state[tau] == (optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.PRUNED)
-        steps = [s for s, _ in history(tmp_path, run)["progress/step"]]
         assert steps == list(range(1, len(steps) + 1)) and len(steps) >= final[tau]["progress/step"]
+        if reference is not None and tau == 1.2 and finished:  # the reference's settings and seed
+            assert history(storage, run) == reference
     # The scheduler's durable records name exactly the configurations every store calls pruned.
-    recorded = {p.stem for p in (tmp_path / "s" / "pruned").glob("*.json")}
-    assert recorded == {r.data.tags["config"] for r in runs(tmp_path) if r.data.tags["state"] == "pruned"}
-    killed = next(r for r in runs(tmp_path) if r.data.params["rollout.decoding.ead.tau_max"] == "1.2")
-    if final[1.2]["progress/step"] == 5:
-        assert history(tmp_path, killed) == reference
+    recorded = {p.stem for p in (storage / "s" / "pruned").glob("*.json")}
+    assert recorded == {r.data.tags["config"] for r in selection if r.data.tags["state"] == "pruned"}
     assert {t.params["rollout.decoding.ead.tau_max"]: t.value for t in proposals
             if t.state == optuna.trial.TrialState.COMPLETE} == {
         tau: m["val/accuracy"] for tau, m in final.items() if m["progress/step"] == 5}
+
+
+def check_confirmation_records(storage, out: str) -> None:
+    """One MLflow run per (configuration, fresh seed), each run to its end once; the parent's verdict and
+    interval are those recomputed from the runs' own final values; the report is whole, on disk and in
+    the parent run."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.decisions import confirm_step
+    from orchestrator.tracking import default_tracking_uri
+
+    (parent,) = runs(storage, "sweep")
+    confirm = [r for r in runs(storage) if r.data.tags["stage"] == "confirm"]
+    challenger, baseline = parent.data.tags["verdict_config"], parent.data.tags["baseline"]
+    assert sorted((r.data.tags["config"], r.data.params["seed"]) for r in confirm) == sorted(
+        (c, s) for c in (challenger, baseline) for s in ("1", "2"))
+    for run in confirm:
+        assert run.data.tags["state"] == "finished"
+        assert [s for s, _ in history(storage, run)["progress/step"]] == [1, 2, 3, 4, 5]
+    final = {(r.data.tags["config"], r.data.params["seed"]): r.data.metrics["val/accuracy"] for r in confirm}
+    diffs = [final[challenger, s] - final[baseline, s] for s in ("1", "2")]
+    look = confirm_step(diffs, [2], 0.05, None, "max")
+    metrics = parent.data.metrics
+    assert (metrics["confirm/best_minus_baseline/mean"], metrics["confirm/best_minus_baseline/ci_low"],
+            metrics["confirm/best_minus_baseline/ci_high"]) == pytest.approx((look.mean, look.low, look.high), abs=1e-12)
+    assert parent.data.tags["verdict"] == look.verdict and parent.data.tags["verdict_stage"] == "confirm"
+    html = (storage / "s" / "report" / "report.html").read_text()
+    assert html.rstrip().endswith("</html>") and "report: " in out
+    client = MlflowClient(default_tracking_uri(str(storage)))
+    assert "report/report.html" in {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
 
 
 def test_a_full_disk_during_a_checkpoint_is_said_in_one_line(tmp_path):

@@ -101,13 +101,17 @@ def test_two_arms_two_seeds_match_their_mlflow_runs(ray_cluster, tiny_model_path
     assert curve["steps"] == [1, 2]
     assert curve["mean"] == pytest.approx([(by_step[0][s] + by_step[1][s]) / 2 for s in (1, 2)])
     # Sample efficiency: each seed's objective averaged over its validations after the base one.
-    areas = [[m.value for m in tracker.client.get_metric_history(r.info.run_id, "val/accuracy")]
+    areas = [[m.value for m in tracker.client.get_metric_history(r.info.run_id, "val/accuracy") if m.step > 0]
              for r in sorted((r for r in runs if r.data.tags["arm"] == "ead"), key=lambda r: int(r.data.params["seed"]))]
     assert result["arms"]["ead"]["final"]["val/accuracy/mean_over_validations"]["values"] == pytest.approx(
         [sum(a) / len(a) for a in areas])
     (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     assert parent.data.tags["experiment_kind"] == "study" and parent.data.tags["state"] == "finished"
     assert "study.json" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
+    # The study ends with its report, on disk and in its parent run.
+    assert {"report/report.html", "report/report.md"} <= {
+        a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")}
+    assert "val/accuracy" in (folder / "report" / "report.md").read_text()
 
 
 def test_primary_verdicts_are_holm_adjusted_and_the_rest_exploratory():

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import time
 import urllib.request
+from pathlib import Path
 
 import optuna
 import pytest
@@ -213,6 +215,10 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
         assert "config/val/arithmetic/pass_at_2/mean" in seeds[0].data.metrics
     states = sorted(r.data.tags["state"] for r in trials)
     assert "pruned" in states and "finished" in states, states
+    for run in trials:  # the run page says where and why a pruned run was stopped
+        note = run.data.tags["mlflow.note.content"]
+        assert ("Pruned at step 2: its val/arithmetic/pass_at_2 (" in note and "was below the cut-off (" in note
+                and "of the rung of step 2" in note) == (run.data.tags["state"] == "pruned"), note
 
     # The selection's estimate: the best configuration other than the baseline, paired seed by seed with it.
     tags, metrics = parent.data.tags, parent.data.metrics
@@ -236,6 +242,9 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     assert metrics["confirm/best_minus_baseline/mean"] == metrics["confirm/best_minus_baseline/ci_low"] == 0
     assert tags["verdict"] == "equivalent" and tags["verdict_stage"] == "confirm"
     assert tags["final_config"] == tags["baseline"]  # not confirmed better: the baseline stands
+    note = tags["mlflow.note.content"]  # the parent run's page opens on the verdict, its interval and what stands
+    assert note.startswith("confirmed on fresh seeds: winner - baseline (val/arithmetic/pass_at_2) = +0.000 [")
+    assert "equivalent to the baseline within +-0.05" in note and note.endswith("the final model trains it")
     assert "configurations.md" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
     # A pruned trial dies before its own clean-up: the driver removed its engines' placement group.
     left = [g.name for g in list_placement_groups(detail=True, limit=10_000)
@@ -355,6 +364,24 @@ def test_smoothing_is_tensorboards_debiased_average():
     assert report.smoothed([0.0, 1.0, 1.0], weight=0.5) == pytest.approx([0.0, 0.5 / 0.75, 0.75 / 0.875])
 
 
+def test_the_legend_names_the_baseline_the_best_and_the_final_model():
+    assert report.legend_marks({"baseline": "a", "selected_best": "b", "best_trial": "a", "other": "c"}) == {
+        "a": "baseline & final model", "b": "best"}
+    assert report.legend_marks({}) == {}
+
+
+def test_a_parameter_searched_on_a_log_scale_is_plotted_on_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    figures = []
+    monkeypatch.setattr(report, "save", lambda fig, path: figures.append(fig))
+    trials = [SimpleNamespace(data=SimpleNamespace(metrics={"val/accuracy": v}, tags={"state": "finished"},
+                                                   params={"d0": str(d0), "tau_max": "1.2"}))
+              for d0, v in ((5, 0.3), (50, 0.4), (500, 0.35))]
+    assert report.plot_objective(trials, ["d0", "tau_max"], "val/accuracy", tmp_path / "o.png", {"d0"})
+    assert [ax.get_xscale() for ax in figures[0].axes] == ["log", "linear"]
+
+
 def test_parameters_are_shown_short_and_rounded_whatever_their_type():
     shown = short_params({"rollout.decoding.ead.tau_max": 1.2541928796033428, "rollout.decoding.ead.d0": "54.16654330531939",
                           "learner.steps": "30", "a.seed": 3, "b.seed": "x", "model.path": "None"})
@@ -386,6 +413,73 @@ def test_report_of_the_sweep(finished_sweep):
     page = (folder / "report.html").read_text()  # what MLflow's artifact view shows: tables and every plot inside
     assert "<table>" in page and page.count('src="data:image/png;base64,') == summary.count("](") > 3
     assert 'src="curves.png"' not in page
+
+
+@pytest.mark.slow
+def test_a_moved_storage_folder_opens_every_artifact_from_its_new_place(finished_sweep, tmp_path, free_port):
+    """The finished sweep's folder copied, opened there, then moved again (the copy deleted): MLflow's own
+    client, `orchestrator.report` and the UI the sweep prints (`orchestrator.ui`) open every artifact
+    from where the folder is now, and nothing is read or written at an old place."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.tracking import open_store
+
+    original = {r.info.run_id: r.info.artifact_uri for r in MlflowClient(default_tracking_uri(str(finished_sweep)))
+                .search_runs([tracker_id(finished_sweep)])}
+    first, moved = tmp_path / "first", tmp_path / "elsewhere" / "runs"
+    shutil.copytree(finished_sweep, first)
+    assert report.main([str(first / "asha")]) == 0
+    shutil.move(first, moved)
+    assert not first.exists()
+    client = open_store(default_tracking_uri(str(moved)))
+    runs = client.search_runs([tracker_id(moved)])
+    assert {r.info.run_id for r in runs} == set(original)
+    assert all(r.info.artifact_uri.startswith((moved / "mlartifacts").as_uri() + "/") for r in runs)
+    for run in runs:  # every artifact of every run, listed and read through MLflow, as the files under `moved`
+        for path in artifact_files(client, run.info.run_id):
+            local = client.download_artifacts(run.info.run_id, path, str(tmp_path / "download" / run.info.run_id))
+            assert Path(local).read_bytes() == (moved / "mlartifacts" / run.info.run_id / "artifacts" / path).read_bytes()
+    assert sum(len(artifact_files(client, r.info.run_id)) for r in runs) >= 10
+    assert report.main([str(moved / "asha")]) == 0 and not first.exists()  # the report writes into the new place
+    assert all(v.source.startswith((moved / "mlartifacts").as_uri()) for v in client.search_model_versions()
+               if v.source.startswith("file://"))
+    # The original, still where it was, still points at itself.
+    assert {r.info.run_id: r.info.artifact_uri for r in MlflowClient(default_tracking_uri(str(finished_sweep)))
+            .search_runs([tracker_id(finished_sweep)])} == original
+
+    # The command the sweep prints, on the moved folder: the UI serves the parent run's report.
+    (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    ui = subprocess.Popen([sys.executable, "-m", "orchestrator.ui", str(moved), "--port", str(free_port)],
+                          env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{free_port}/get-artifact?path=report/report.md&run_uuid={parent.info.run_id}"
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    served = response.read()
+                break
+            except OSError:
+                assert time.time() < deadline and ui.poll() is None, "orchestrator.ui did not come up"
+                time.sleep(1)
+        assert served == (moved / "asha" / "report" / "report.md").read_bytes()
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
+
+
+def tracker_id(storage) -> str:
+    return Tracker(default_tracking_uri(str(storage)), "rlvr-explore").experiment_id
+
+
+def artifact_files(client, run_id: str, path: str | None = None) -> list[str]:
+    found = []
+    for item in client.list_artifacts(run_id, path):
+        found += artifact_files(client, run_id, item.path) if item.is_dir else [item.path]
+    return found
 
 
 def test_with_a_bucket_the_study_is_where_a_resume_elsewhere_finds_it(tmp_path):
@@ -443,7 +537,7 @@ def test_a_configuration_is_pruned_only_where_the_scheduler_said_so(tmp_path):
     durable records: its last report, the scheduler's record, or its seeds' own MLflow steps."""
     from ray.tune.schedulers import TrialScheduler
 
-    from orchestrator.scheduler import IntervalRungs, pruned_at
+    from orchestrator.scheduler import IntervalRungs, pruned_at, pruned_record
     from orchestrator.seeds import outcome
 
     scheduler = IntervalRungs([10], record_to=str(tmp_path))
@@ -452,6 +546,9 @@ def test_a_configuration_is_pruned_only_where_the_scheduler_said_so(tmp_path):
     assert scheduler.decide("a", {**rung, "seeds/0/val/accuracy": 0.50, "seeds/1/val/accuracy": 0.52}) == TrialScheduler.CONTINUE
     assert scheduler.decide("b", {**rung, "seeds/0/val/accuracy": 0.10, "seeds/1/val/accuracy": 0.11}) == TrialScheduler.STOP
     assert pruned_at(str(tmp_path), "b") == 10 and pruned_at(str(tmp_path), "a") is None
+    # Why, in numbers: b's upper bound 0.105 + t(0.975, 2) x 0.0112 / sqrt(2) against a's lower bound.
+    step, why = pruned_record(str(tmp_path), "b")
+    assert "upper bound of val/accuracy (0.139)" in why and "lower bound (0.476)" in why and "step 10" in why
     (tmp_path / "pruned" / "c.json").write_text("{broken")
     assert pruned_at(str(tmp_path), "c") is None  # a record that does not read is no decision
 
@@ -469,7 +566,7 @@ def test_asha_records_its_stops_but_not_a_trial_that_reached_the_horizon(tmp_pat
 
     from ray.tune.schedulers import TrialScheduler
 
-    from orchestrator.scheduler import RecordedASHA, pruned_at
+    from orchestrator.scheduler import RecordedASHA, pruned_at, pruned_record
 
     asha = RecordedASHA(time_attr="progress/step", max_t=5, grace_period=2, reduction_factor=2,
                         record_to=str(tmp_path))
@@ -481,3 +578,5 @@ def test_asha_records_its_stops_but_not_a_trial_that_reached_the_horizon(tmp_pat
     assert asha.on_trial_result(None, trials[0], {"progress/step": 5, "val/accuracy": 0.9}) == TrialScheduler.STOP
     assert asha.on_trial_result(None, trials[1], {"progress/step": 2, "val/accuracy": 0.1}) == TrialScheduler.STOP
     assert pruned_at(str(tmp_path), "a") is None and pruned_at(str(tmp_path), "b") == 2
+    _, why = pruned_record(str(tmp_path), "b")
+    assert "val/accuracy (0.100) was below the cut-off (0.900) of the rung of step 2" in why

@@ -95,3 +95,33 @@ def test_unflatten_nests_one_section_of_flattened_params_again():
             "seed": 3}
     assert unflatten(flatten(spec), "rollout.decoding.") == spec["rollout"]["decoding"]
     assert unflatten(flatten(spec), "learner.") == {}
+
+
+def test_a_moved_store_points_at_its_new_folder_and_nothing_else(tmp_path):
+    """Runs, the experiment and a registered model version follow the folder; an experiment given a folder
+    of its own, and a store that never moved, are left alone."""
+    import shutil
+
+    from orchestrator.tracking import open_store, rebase
+
+    old, new = tmp_path / "a" / "runs", tmp_path / "b" / "runs"
+    tracker = Tracker(default_tracking_uri(str(old)), "rlvr-explore")
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    (tmp_path / "note.txt").write_text("kept")
+    tracker.client.log_artifact(run_id, str(tmp_path / "note.txt"))
+    tracker.client.create_registered_model("m")
+    tracker.client.create_model_version("m", f"{tracker.client.get_run(run_id).info.artifact_uri}/note.txt", run_id)
+    other = tracker.client.create_experiment("other", artifact_location=(tmp_path / "a" / "runs2" / "mlartifacts").as_uri())
+    assert rebase(old / "mlflow.db") == 0  # nothing moved
+    shutil.move(old, new)
+
+    client = open_store(default_tracking_uri(str(new)))
+    root = (new / "mlartifacts").as_uri()
+    assert client.get_run(run_id).info.artifact_uri.startswith(root + "/")
+    assert client.get_experiment_by_name("rlvr-explore").artifact_location == root
+    assert client.get_model_version("m", "1").source.startswith(root + "/")
+    assert client.download_artifacts(run_id, "note.txt", str(tmp_path)) and (tmp_path / "note.txt").read_text() == "kept"
+    # "other" was given a folder of its own (which shares the old root's prefix): it keeps it. A second
+    # open changes nothing.
+    assert client.get_experiment(other).artifact_location == (tmp_path / "a" / "runs2" / "mlartifacts").as_uri()
+    assert rebase(new / "mlflow.db") == 0

@@ -57,8 +57,8 @@ METRICS: dict[str, str] = {
     "val/response_length": "mean response tokens on the validation benchmarks",
     "val/<benchmark>/<metric>": "avg_at_k, pass_at_j, maj_at_j, worst_at_k, response_length of one benchmark "
                                 "(`macro`: over several)",
-    "<val>_base": "any val/* of the policy before training (step 0; computed once per identical setting and "
-                  "machine, reused from `<cache_dir>/validations`)",
+    "<val>_base": "any val/* of the policy before training, logged once at step 0, where each val/* curve also "
+                  "starts (computed once per identical setting and machine, reused from `<cache_dir>/validations`)",
     # Time, seconds of rank 0.
     "timing/<phase>": "seconds of a phase of the step: generate, score, old_logprob, offline, update, sync, "
                       "validate, report, checkpoint, and the whole step",

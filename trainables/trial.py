@@ -253,8 +253,9 @@ class Trial:
             self.val_history.append((0, base))
             if reused:
                 self.record.say("validation of the base policy: reused from an identical earlier trial (cached)")
-            self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}
-            self.record.log(-1, {**self.base_val, "timing/validate": t["validate"]})
+            self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}  # in every report to Tune
+            # MLflow step 0: every val/* curve starts at the base policy; its `_base` copy once, as a summary
+            self.record.log(-1, {**self.latest_val, **self.base_val, "timing/validate": t["validate"]})
         last_finite: dict[str, float] = {}
         for step in range(self.start_step, cfg.learner.steps):
             metrics = self.rollout_step(step)
@@ -267,9 +268,10 @@ class Trial:
                     self.val_history.append((step + 1, self.validate(step + 1)))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
                 self.record.artifacts(step, self.val_history, self.last_step_rows)
-            metrics.update(self.base_val, **{"timing/loop_wall": time.perf_counter() - loop_start})
-            metrics.update({**(startup if step == self.start_step else {}), **self.record.seconds})
+            metrics.update({"timing/loop_wall": time.perf_counter() - loop_start, **self.record.seconds,
+                            **(startup if step == self.start_step else {})})
             self.record.log(step, metrics)
+            metrics.update(self.base_val)
             self.record.progress(step, metrics)
             if self.end_step(step, metrics, validated, last):
                 self.record.say(f"stopped after step {step + 1} with a checkpoint; --resume continues it")
