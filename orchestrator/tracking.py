@@ -20,6 +20,7 @@ import yaml
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
+from orchestrator.inputs import SpecError
 from trainables.config import TrialConfig
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,13 @@ def rebase(db: Path) -> int:
     if not db.is_file():
         return 0
     new = (db.parent / "mlartifacts").as_uri()
+    try:
+        return _rebase(db, new)
+    except sqlite3.DatabaseError as e:
+        raise SpecError(f"{db}: not an MLflow sqlite store ({e})") from None
+
+
+def _rebase(db: Path, new: str) -> int:
     with closing(sqlite3.connect(db, timeout=60)) as con, con:
         tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "experiments" not in tables:

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator.inputs import SpecError
 from orchestrator.tracking import rebase
 
 
@@ -34,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.port < 65536:
         print(f"--port: expected 1 to 65535 (got {args.port})", file=sys.stderr)
         return 2
-    rebase(storage / "mlflow.db")
+    try:
+        rebase(storage / "mlflow.db")
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
     os.execv(sys.executable, command(storage, args.port))
 
 

@@ -25,3 +25,17 @@ def test_missing_model_folder_exits_with_one_line(tmp_path):
     assert result.returncode == 2
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and "model.path" in lines[0] and "config.json" in lines[0]
+
+
+def test_the_ui_of_a_folder_without_a_store_is_one_line(tmp_path):
+    for args in ([str(tmp_path)], [str(tmp_path / "nowhere")], [str(tmp_path), "--port", "70000"], [str(tmp_path)]):
+        if args[-1] == "70000":
+            (tmp_path / "mlflow.db").write_bytes(b"")
+        elif (tmp_path / "mlflow.db").exists():
+            (tmp_path / "mlflow.db").write_bytes(b"not a database, " * 100)
+        result = subprocess.run([sys.executable, "-m", "orchestrator.ui", *args], capture_output=True, text=True,
+                                timeout=60)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert ("--port" if args[-1] == "70000" else "not an MLflow sqlite store" if (tmp_path / "mlflow.db").exists()
+                else "holds no mlflow.db") in lines[0]

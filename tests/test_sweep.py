@@ -89,7 +89,7 @@ def test_closing_a_trial_never_holds_up_tunes_loop(monkeypatch):
     class SlowTracker:
         closed: list = []
 
-        def finish_sweep_trial(self, sweep, trial_id, state):
+        def finish_sweep_trial(self, sweep, trial_id, state, description=None):
             time.sleep(2)
             self.closed.append((trial_id, state))
 
