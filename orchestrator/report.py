@@ -158,7 +158,7 @@ def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[st
     """A panel per metric, a line per configuration: the mean over its seeds at each step every seed
     reached, from the base policy (step 0), its 95% interval over seeds as a band (none for one seed);
     `marks` labels configurations in the legend (baseline, best), a pruned one's end is marked x; the
-    legend right of the panels. False (no file) when no trial has any of the metrics."""
+    legend below the panels. False (no file) when no trial has any of the metrics."""
     plt = pyplot()
     present = [k for k in keys if any(k in r.data.metrics for r in trials)]
     if not present:
@@ -166,7 +166,7 @@ def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[st
     configs: dict[str, list] = {}
     for run in trials:
         configs.setdefault(run.data.tags.get("config", run.info.run_name), []).append(run)
-    fig, axes = plt.subplots(1, len(present), figsize=(5.2 * len(present) + 3.2, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(present), figsize=(max(6.5, 5.6 * len(present)), 4.2), squeeze=False)
     for ax, key in zip(axes.flat, present):
         for i, (config, runs) in enumerate(configs.items()):
             per_seed = [dict(zip(*with_base(run, key, *history(client, run, key)))) for run in runs]
@@ -189,10 +189,11 @@ def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[st
         ax.set_xlabel("RL step (0: the base policy)")
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1 - 3.1 / fig.get_figwidth(), 0.5), fontsize=7,
-               frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=8, frameon=False)  # below: clear of the data
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1 - 3.2 / fig.get_figwidth(), 1))
+    legend_inches = 0.3 + 0.17 * len(labels)
+    fig.set_figheight(4.2 + legend_inches)
+    fig.tight_layout(rect=(0, legend_inches / (4.2 + legend_inches), 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True

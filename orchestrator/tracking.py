@@ -94,12 +94,21 @@ def _rebase(db: Path, new: str) -> int:
             "SELECT e.artifact_location FROM experiments e JOIN experiment_tags t ON t.experiment_id = e.experiment_id"
             " WHERE t.key = ? AND t.value = ?", BESIDE) if loc.startswith("file://") and loc != new}
         changed = 0
-        for old, (table, column) in ((old, tc) for old in roots for tc in ARTIFACT_COLUMNS if tc[0] in tables):
-            n = len(old)
-            changed += con.execute(
-                f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ? "
-                f"AND (length({column}) = ? OR substr({column}, ?, 1) = '/')", (new, n + 1, n, old, n, n + 1)).rowcount
+        for old in roots:
+            changed += sum(_replace_prefix(con, table, column, old, new)
+                           for table, column in ARTIFACT_COLUMNS if table in tables)
+            # A trial run's identity (tag run_path, <storage>/<name>): a --resume in the moved folder finds it.
+            folder = urllib.parse.unquote(urllib.parse.urlparse(old).path).removesuffix("/mlartifacts")
+            changed += _replace_prefix(con, "tags", "value", folder, str(db.parent), "key = 'run_path'")
     return changed
+
+
+def _replace_prefix(con, table: str, column: str, old: str, new: str, where: str = "1") -> int:
+    """`old` -> `new` at the start of `column` where it is the whole value or a path's leading folders."""
+    n = len(old)
+    return con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {where} AND "
+                       f"substr({column}, 1, ?) = ? AND (length({column}) = ? OR substr({column}, ?, 1) = '/')",
+                       (new, n + 1, n, old, n, n + 1)).rowcount
 
 
 def ui_hint(tracking_uri: str) -> str:

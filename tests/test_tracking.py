@@ -106,7 +106,7 @@ def test_a_moved_store_points_at_its_new_folder_and_nothing_else(tmp_path):
 
     old, new = tmp_path / "a" / "runs", tmp_path / "b" / "runs"
     tracker = Tracker(default_tracking_uri(str(old)), "rlvr-explore")
-    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    run_id = tracker.client.create_run(tracker.experiment_id, tags={"run_path": f"{old}/t1"}).info.run_id
     (tmp_path / "note.txt").write_text("kept")
     tracker.client.log_artifact(run_id, str(tmp_path / "note.txt"))
     tracker.client.create_registered_model("m")
@@ -120,6 +120,7 @@ def test_a_moved_store_points_at_its_new_folder_and_nothing_else(tmp_path):
     assert client.get_run(run_id).info.artifact_uri.startswith(root + "/")
     assert client.get_experiment_by_name("rlvr-explore").artifact_location == root
     assert client.get_model_version("m", "1").source.startswith(root + "/")
+    assert client.get_run(run_id).data.tags["run_path"] == f"{new}/t1"  # a --resume here finds the trial's run
     assert client.download_artifacts(run_id, "note.txt", str(tmp_path)) and (tmp_path / "note.txt").read_text() == "kept"
     # "other" was given a folder of its own (which shares the old root's prefix): it keeps it. A second
     # open changes nothing.
