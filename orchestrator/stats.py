@@ -119,13 +119,6 @@ def seeds_text(n: int | None) -> str:
     return "-" if n is None else f">= {MAX_SEEDS}" if n >= MAX_SEEDS else str(n)
 
 
-def clustered_se(per_problem: Sequence[float]) -> float:
-    """Standard error of an accuracy averaged over problems, each problem's mean over its samples:
-    sd(per-problem means) / √N. It holds both the problem draw and the sampling noise within a problem."""
-    n = len(per_problem)
-    return stdev(per_problem) / math.sqrt(n) if n > 1 else math.nan
-
-
 def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the baseline",
              label: str = "best - baseline", span: tuple[int, int] | None = None) -> str:
     """One line: the paired difference, its verdict, and (when inconclusive) the pairs a paired t-test

@@ -5,6 +5,7 @@ formulas into no framework). Every import counts, lazy and type-only ones too.""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,13 @@ def test_arrows_point_down(lower, upper):
 @pytest.mark.parametrize("module", PURE)
 def test_formulas_import_no_framework(module):
     assert not imports(module) & set(FRAMEWORKS), imports(module) & set(FRAMEWORKS)
+
+
+def test_the_readme_map_names_every_module():
+    """`How it fits together` (the picture and the rooms) names each module of the trial and the
+    orchestrator by its file name, so a newcomer finds every file on the map."""
+    readme = (ROOT / "README.md").read_text()
+    house = readme[readme.index("## How it fits together"):readme.index("## Preemption and resume")]
+    files = {p.name for package in ("trainables", "orchestrator") for p in (ROOT / package).rglob("*.py")
+             if p.name not in ("__init__.py", "__main__.py")}
+    assert not sorted(f for f in files if not re.search(rf"(?<![\w.]){re.escape(f)}(?!\w)", house))

