@@ -71,8 +71,9 @@ def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage:
     given), the task's problems at the spec's seed."""
     first = TrialConfig.model_validate(apply_overrides(base, overrides))
     offsets = range(seeds) if isinstance(seeds, int) else seeds
+    quiet = {} if "progress_every" in (base.get("logging") or {}) else {"logging.progress_every": 0}
     return [TrialConfig.model_validate(apply_overrides(base, {
-        **overrides, "seed": first.seed + r, "task.seed": first.task_seed, "storage": storage,
+        **quiet, **overrides, "seed": first.seed + r, "task.seed": first.task_seed, "storage": storage,
         "name": seed_name(config_id, first.seed + r)})) for r in offsets]
 
 

@@ -31,7 +31,8 @@ storage, sweep, port = sys.argv[1:]
 tracker = Tracker(f"sqlite:///{storage}/mlflow.db", "rlvr-explore")
 (parent, *_) = tracker.client.search_runs([tracker.experiment_id], tags_filter(kind="sweep", sweep=sweep))
 metric = yaml.safe_load(parent.data.params.get("search.metric", "null")) or "val/accuracy"
-(trial, *_) = tracker.client.search_runs([tracker.experiment_id], tags_filter(kind="trial", sweep=sweep))
+trials = tracker.client.search_runs([tracker.experiment_id], tags_filter(kind="trial", sweep=sweep, stage="select"))
+trial = next((t for t in trials if t.data.tags.get("state") == "pruned"), trials[0])  # its page says why
 print(tracker.experiment_id, parent.info.run_id, trial.info.run_id,
       tracker.trials_view(sweep, metric).replace("127.0.0.1:5000", f"127.0.0.1:{port}"))
 PY

@@ -580,3 +580,15 @@ def test_asha_records_its_stops_but_not_a_trial_that_reached_the_horizon(tmp_pat
     assert pruned_at(str(tmp_path), "a") is None and pruned_at(str(tmp_path), "b") == 2
     _, why = pruned_record(str(tmp_path), "b")
     assert "val/accuracy (0.100) was below the cut-off (0.900) of the rung of step 2" in why
+
+
+def test_a_sweeps_seeds_print_no_step_lines_unless_the_spec_asks():
+    """The configuration events carry a sweep's progress; a spec that names `logging.progress_every` keeps it."""
+    from orchestrator.seeds import seed_configs
+    from trainables.config import TrialConfig
+
+    for base, expected in (({}, 0), ({"logging": {"tracking_uri": "sqlite:///x.db"}}, 0),
+                           ({"logging": {"progress_every": 5}}, 5)):
+        cfgs = seed_configs(base, {"learner.lr": 0.001}, "c1", "runs", 2)
+        assert [c.logging.progress_every for c in cfgs] == [expected, expected] and cfgs[1].seed == 1
+    assert TrialConfig().logging.progress_every == 1  # one trial, `train`: a line a step

@@ -466,6 +466,10 @@ class LoggingConfig(Section):
         None, description="MLflow tracking URI; null: a sqlite store inside the run's storage folder."
     )
     experiment: str = Field("rlvr-explore", description="MLflow experiment name.")
+    progress_every: int = Field(
+        1, ge=0, description="Rank 0 prints a progress line every k RL steps (and at the last); 0: none. A sweep "
+        "or study sets 0 where the spec leaves it out: its configuration events (started, each validation with "
+        "its interval, finished or pruned) carry the progress, one line each instead of one per seed and step.")
     rollout_samples: int = Field(
         16, ge=0, description="Rollouts (with rewards) saved as a JSONL artifact at every validation; 0: none.")
     register_as: str | None = Field(

@@ -272,7 +272,8 @@ class Trial:
                             **(startup if step == self.start_step else {})})
             self.record.log(step, metrics)
             metrics.update(self.base_val)
-            self.record.progress(step, metrics)
+            if cfg.logging.progress_every and ((step + 1) % cfg.logging.progress_every == 0 or last):
+                self.record.progress(step, metrics)
             if self.end_step(step, metrics, validated, last):
                 self.record.say(f"stopped after step {step + 1} with a checkpoint; --resume continues it")
                 return
