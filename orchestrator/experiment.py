@@ -312,6 +312,8 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
     # Results as JSON and CSV (what ExperimentAnalysis reads), without TensorBoard files in Ray's temp folder.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Tune's own reporter, which at verbose=0 is silent (the newer one still draws its banner box).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # A trial's driver (and with it its Ray Train controller, which follows its driver's node) lives on the
     # head: a spot node taken away takes learner ranks and engines, which come back, never a trial's
     # driver. It reserves no CPU (a cluster's head often has none to give); Train workers reserve their own.

@@ -1,5 +1,6 @@
-"""The train CLI at the edge: bad input exits non-zero with one line saying what to fix."""
+"""The CLIs at the edge: bad input exits non-zero with one line saying what to fix; plain output off a terminal."""
 
+import os
 import subprocess
 import sys
 
@@ -39,3 +40,15 @@ def test_the_ui_of_a_folder_without_a_store_is_one_line(tmp_path):
         assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
         assert ("--port" if args[-1] == "70000" else "not an MLflow sqlite store" if (tmp_path / "mlflow.db").exists()
                 else "holds no mlflow.db") in lines[0]
+
+
+def test_off_a_terminal_the_libraries_write_plain_lines():
+    """A command whose output goes to a file: no progress bars, no colour codes in Ray's prefixes, and each
+    Ray worker's lines its own (Ray's dedup notice carries colour codes); a variable the user set stays."""
+    code = "import os, orchestrator; print(*(os.environ.get(k) for k in sorted(orchestrator.TQDM_OFF_TERMINAL)))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TQDM_", "HF_HUB_"))}
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert plain.stdout.split() == ["1", "0", "0", "30"]  # HF bars off, no colour, no dedup, a bar line per 30 s
+    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**env, "RAY_DEDUP_LOGS": "1"})
+    assert kept.stdout.split()[2] == "1"
