@@ -15,6 +15,9 @@ QUIET_LINES = "|".join([
     r"Loading weights: +\d+%",
 ])
 os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_LINES)
+# A trial's own lines ("[trial <name>] ..."): each seed's its own, never folded across seeds into one
+# line with a coloured "[repeated Nx across cluster]".
+os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"\[trial [^\]]+\] ")
 # Checkpoints and folders may come from someone else: every torch.load in this process reads tensors
 # and plain data only, even where a library (DeepSpeed) asks for weights_only=False
 # (trainables/checkpoint.py; the workers too, through launch.WORKER_ENV).
@@ -25,10 +28,8 @@ for key, value in {**WEIGHTS_ONLY_ENV, **MLFLOW_HTTP_ENV}.items():
     os.environ.setdefault(key, value)
 # Off a terminal (a log file, CI, `nohup`), and always in Ray's workers (their output is a pipe): the
 # libraries' progress bars off (the project's own become lines: trainables/progress.py, and a library bar
-# that remains writes a line every 30 s), Ray's worker prefixes without colour codes, and each worker's
-# lines its own (Ray's dedup folds the seeds' lines into one with a coloured "[repeated Nx across cluster]").
-TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_COLOR_PREFIX": "0",
-                     "RAY_DEDUP_LOGS": "0"}
+# that remains writes a line every 30 s), and Ray's worker prefixes without colour codes.
+TQDM_OFF_TERMINAL = {"TQDM_MININTERVAL": "30", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_COLOR_PREFIX": "0"}
 if not (sys.stderr.isatty() and sys.stdout.isatty()):
     os.environ.update({k: v for k, v in TQDM_OFF_TERMINAL.items() if k not in os.environ})
 # MLflow's bar for each artifact download (the report reads a few small files) says nothing.

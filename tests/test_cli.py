@@ -43,12 +43,18 @@ def test_the_ui_of_a_folder_without_a_store_is_one_line(tmp_path):
 
 
 def test_off_a_terminal_the_libraries_write_plain_lines():
-    """A command whose output goes to a file: no progress bars, no colour codes in Ray's prefixes, and each
-    Ray worker's lines its own (Ray's dedup notice carries colour codes); a variable the user set stays."""
-    code = "import os, orchestrator; print(*(os.environ.get(k) for k in sorted(orchestrator.TQDM_OFF_TERMINAL)))"
+    """A command whose output goes to a file: no progress bars and no colour codes in Ray's prefixes (a
+    variable the user set stays); a trial's own lines pass Ray's dedup, each seed's its own."""
+    import re
+
+    code = ("import os, orchestrator; print(*(os.environ.get(k) for k in sorted(orchestrator.TQDM_OFF_TERMINAL)));"
+            "print(os.environ['RAY_DEDUP_LOGS_ALLOW_REGEX'])")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TQDM_", "HF_HUB_"))}
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert plain.stdout.split() == ["1", "0", "0", "30"]  # HF bars off, no colour, no dedup, a bar line per 30 s
+    values, allow = plain.stdout.splitlines()
+    assert values.split() == ["1", "0", "30"]  # HF bars off, no colour, a library bar's line every 30 s
+    assert re.search(allow, "[trial 80e9af84_seed1] validation of the base policy: reused")
+    assert not re.search(allow, "(raylet) WARNING: 8 PYTHON worker processes have been started")
     kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**env, "RAY_DEDUP_LOGS": "1"})
-    assert kept.stdout.split()[2] == "1"
+                          env={**env, "RAY_COLOR_PREFIX": "1"})
+    assert kept.stdout.split()[1] == "1"
