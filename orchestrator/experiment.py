@@ -235,7 +235,7 @@ class TrialStates(Callback):
         uri = self.study[1] if getattr(self, "study", None) else None
         state, pruned, _ = ended(result, uri, trial.trial_id,
                                  lambda config: self.tracker.config_seeds(self.sweep, config, self.metric))
-        _, why = pruned_record(uri, trial.trial_id) or (None, "")
+        why = (pruned_record(uri, trial.trial_id) or (None, ""))[1] if state == "pruned" else ""
         self._close(trial, state, f"Pruned at step {pruned}: {why or 'the scheduler stopped it'}. Its metrics end "
                                   f"where it was judged." if state == "pruned" else None)
         said = {"finished": "finished", "pruned": f"pruned by the scheduler at step {pruned}",
