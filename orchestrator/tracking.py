@@ -81,6 +81,9 @@ def rebase(db: Path) -> int:
     new = (db.parent / "mlartifacts").as_uri()
     try:
         return _rebase(db, new)
+    except sqlite3.OperationalError as e:  # busy past the timeout, or a schema still being made: next open
+        log.warning("%s: artifact records not checked for a move (%s)", db, e)
+        return 0
     except sqlite3.DatabaseError as e:
         raise SpecError(f"{db}: not an MLflow sqlite store ({e})") from None
 
