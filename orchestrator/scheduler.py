@@ -147,6 +147,6 @@ class RecordedASHA(ASHAScheduler):
                     break
                 side = "below" if self._metric_op > 0 else "above"
                 return (f"its {self._metric} ({self._metric_op * value:.3f}) was {side} the cut-off "
-                        f"({self._metric_op * cutoff:.3f}) of the rung of step {milestone}: ASHA lets the best "
+                        f"({self._metric_op * cutoff:.3f}) of the rung of step {milestone:g}: ASHA lets the best "
                         f"1/{bracket.rf:g} of the {len(others) + 1} configuration(s) there go on")
         return ""

@@ -579,7 +579,7 @@ def test_asha_records_its_stops_but_not_a_trial_that_reached_the_horizon(tmp_pat
     assert asha.on_trial_result(None, trials[1], {"progress/step": 2, "val/accuracy": 0.1}) == TrialScheduler.STOP
     assert pruned_at(str(tmp_path), "a") is None and pruned_at(str(tmp_path), "b") == 2
     _, why = pruned_record(str(tmp_path), "b")
-    assert "val/accuracy (0.100) was below the cut-off (0.900) of the rung of step 2" in why
+    assert "val/accuracy (0.100) was below the cut-off (0.900) of the rung of step 2: " in why
 
 
 def test_a_sweeps_seeds_print_no_step_lines_unless_the_spec_asks():
