@@ -49,11 +49,11 @@ def short_value(value: Any) -> str:
 console = make_console()
 
 
-def roles(pairs: list[tuple[str | None, str]]) -> dict[str, str]:
-    """[(configuration, role), ...] -> {configuration: "role & role"}: what a sweep made of each (the
-    baseline, the selection's best, the final model's), for table rows and legends."""
+def roles(baseline: str | None, best: str | None, final: str | None) -> dict[str, str]:
+    """{configuration: "baseline & best"}: what a sweep made of each configuration it names (the baseline,
+    the selection's best, the final model's), for table rows and legends."""
     found: dict[str, list[str]] = {}
-    for config, role in pairs:
+    for config, role in ((baseline, "baseline"), (best, "best"), (final, "final model")):
         if config:
             found.setdefault(config, []).append(role)
     return {config: " & ".join(r) for config, r in found.items()}

@@ -149,8 +149,7 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
 
 def legend_marks(tags: dict[str, str]) -> dict[str, str]:
     """Configuration -> what the sweep made of it: the baseline, the selection's best, the final model's."""
-    return roles([(tags.get("baseline"), "baseline"), (tags.get("selected_best"), "best"),
-                  (tags.get("best_trial"), "final model")])
+    return roles(tags.get("baseline"), tags.get("selected_best"), tags.get("best_trial"))
 
 
 def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[str], marks: dict[str, str], path: Path,

@@ -183,11 +183,9 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
     se = [r.data.metrics.get(experiment.SE_KEY) for r in runs]
     curves, steps = {}, []
     for key in (study.metric, *CURVES):
-        # The base policy's validation is the curve's step 0 (runs recorded before val/* was logged at step 0
-        # hold it only as <metric>_base).
-        histories = [sorted((dict([(0, r.data.metrics[f"{key}_base"])] if f"{key}_base" in r.data.metrics else [])
-                             | {m.step: m.value for m in client.get_metric_history(r.info.run_id, key)}).items())
-                     for r in runs]
+        # The base policy's validation is the curve's step 0 (`report.with_base`: also for runs recorded
+        # before val/* was logged at step 0, which hold it only as <metric>_base).
+        histories = [list(zip(*report.with_base(r, key, *report.history(client, r, key)))) for r in runs]
         if histories and all(histories):
             curves[key] = band(histories)
             if key == study.metric:

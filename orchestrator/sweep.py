@@ -255,8 +255,8 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
     summary = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
     baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
-    names = {c: f"{c} ({role})" for c, role in roles([(baseline and baseline.config_id, "baseline"),
-                                                      (best.config_id, "best"), (final.config_id, "final model")]).items()}
+    names = {c: f"{c} ({role})" for c, role in roles(baseline and baseline.config_id, best.config_id,
+                                                     final.config_id).items()}
     table = (experiment.markdown_table(ranked(summaries, search), search.metric, keys, names) + "\n"
              + "\n\n".join(lines) + "\n")
     exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},

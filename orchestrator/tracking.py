@@ -271,9 +271,8 @@ class Tracker:
         """`metric` of the run recording the Train run at `run_path`, if it is closed `finished` at step
         `steps`; else (none, short, open, or the store unreachable) None."""
         def read() -> float | None:
-            found = self.client.search_runs([self.experiment_id], tags_filter(run_path=run_path),
-                                            order_by=["attributes.start_time DESC"], max_results=1)
-            m = found[0].data.metrics if found and found[0].data.tags.get("state") == "finished" else {}
+            run = self._trial_run(run_path)
+            m = run.data.metrics if run is not None and run.data.tags.get("state") == "finished" else {}
             return m.get(metric) if m.get("progress/step") == steps else None
 
         return self._retried("reading the run's final value", read)
@@ -283,9 +282,14 @@ class Tracker:
         return self._retried("finding the trial run", self._find_trial_run, run_path)
 
     def _find_trial_run(self, run_path: str) -> str | None:
+        run = self._trial_run(run_path)
+        return run.info.run_id if run is not None else None
+
+    def _trial_run(self, run_path: str):
+        """The newest run recording the Train run at `run_path`, or None."""
         found = self.client.search_runs([self.experiment_id], tags_filter(run_path=run_path),
                                         order_by=["attributes.start_time DESC"], max_results=1)
-        return found[0].info.run_id if found else None
+        return found[0] if found else None
 
     def log_evaluation(self, name: str, *, params: dict[str, Any], metrics: dict[str, float], artifact: Path,
                        parent_run_id: str | None = None) -> str | None:
