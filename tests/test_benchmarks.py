@@ -108,7 +108,7 @@ def test_olympiadbench_takes_first_final_answer(tmp_path):
     problems, skipped = load_benchmark("olympiadbench", path)
     assert [(p.uid, p.answer) for p in problems] == [("olympiadbench-1606", "$\\frac{1}{2}$"),
                                                      ("olympiadbench-1607", "3")]
-    assert skipped == Counter({"empty answer": 1})
+    assert skipped == Counter({"empty:answer": 1})
 
 
 # -- multiple-choice layouts -----------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_mmlu_pro(tmp_path):
     problems, skipped = load_benchmark("mmlu_pro", path)
     assert [(p.uid, p.answer) for p in problems] == [("mmlu_pro-70", "J"), ("mmlu_pro-71", "B")]
     assert problems[0].choices == tuple(ten) and problems[0].question.endswith("\nJ. option 9")
-    assert skipped == Counter({"answer not among choices": 1})
+    assert skipped == Counter({"invalid:answer": 1})
 
 
 # -- limits and other formats ----------------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_limit_keeps_the_first_good_problems(tmp_path):
     path = write_jsonl(tmp_path / "minerva.jsonl", [{"question": None, "answer": "0"}] +
                        [{"question": f"Q{i}", "answer": str(i)} for i in range(5)])
     problems, skipped = load_benchmark("minerva", path, limit=2)
-    assert [p.question for p in problems] == ["Q0", "Q1"] and skipped == Counter({"missing question": 1})
+    assert [p.question for p in problems] == ["Q0", "Q1"] and skipped == Counter({"missing:question": 1})
     assert "limit" in error_of("minerva", path, limit=0)
 
 
@@ -223,9 +223,9 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "{not json\n", encoding="utf-8")
     problems, skipped = load_benchmark("math500", path)
     assert [(p.uid, p.question) for p in problems] == [("math500-a", "good 1"), ("math500-g", "good 2")]
-    assert skipped == Counter({"missing question": 1, "wrong type question": 1, "empty question": 1,
-                               "missing answer": 1, "wrong type answer": 1, "duplicate id": 1,
-                               "not an object": 1, "invalid json": 1})
+    assert skipped == Counter({"missing:question": 1, "type:question": 1, "empty:question": 1,
+                               "missing:answer": 1, "type:answer": 1, "duplicate:id": 1,
+                               "type:row": 1, "invalid:json": 1})
 
 
 def test_bad_choices_are_skipped(tmp_path):
@@ -236,18 +236,18 @@ def test_bad_choices_are_skipped(tmp_path):
     ]
     problems, skipped = load_benchmark("arc_challenge", write_jsonl(tmp_path / "arc.jsonl", ARC_ROWS[:1] + bad))
     assert [p.uid for p in problems] == ["arc_challenge-Mercury_1"]
-    assert skipped == Counter({"bad choices": 2, "answer not among choices": 1})
+    assert skipped == Counter({"invalid:choices": 2, "invalid:answer": 1})
     rows = gpqa_rows(2)
     rows[1]["Incorrect Answer 2"] = None
     problems, skipped = load_benchmark("gpqa_diamond", write_jsonl(tmp_path / "gpqa.jsonl", rows))
-    assert len(problems) == 1 and skipped == Counter({"bad choices": 1})
+    assert len(problems) == 1 and skipped == Counter({"invalid:choices": 1})
 
 
 def test_all_rows_bad(tmp_path):
     path = write_jsonl(tmp_path / "aime25.jsonl", [{"question": 1, "answer": "2"}, {"question": "Q", "answer": None}])
     message = error_of("aime25", path)
-    assert "all 2 rows were skipped" in message and "missing answer=1" in message
-    assert "wrong type question=1" in message and str(path) in message
+    assert "all 2 rows were skipped" in message and "missing:answer=1" in message
+    assert "type:question=1" in message and str(path) in message
 
 
 def test_missing_file_names_file_and_columns(tmp_path):

@@ -132,7 +132,7 @@ def test_offline_files_that_yield_nothing(capsys, tmp_path, content, expected):
 
 
 def test_offline_file_missing_or_of_unknown_kind(capsys, tmp_path):
-    for path in (tmp_path / "absent.jsonl", tmp_path / "teachers.csv"):
+    for path in (tmp_path / "absent.jsonl", tmp_path / "teachers.txt"):
         train_with(capsys, tmp_path, f"offline.files=[{{path: {path}}}]", named=("offline.files[0].path", path.name),
                    spec="search_spaces/oger.yaml")
 

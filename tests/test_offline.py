@@ -237,6 +237,18 @@ def test_parquet_luffy_layout(tmp_path):
     assert skipped == Counter({"type:target": len(records) - 2, "missing:prompt": 1, "empty:ground_truth": 1})
 
 
+def test_every_format_gives_the_same_rows(tmp_path):
+    """One reader (trainables.data.records) for the offline store and the benchmarks: the same records
+    as Parquet, JSON lines and a JSON array give the same rows and skip counts."""
+    records = parquet_records()
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "t.parquet")
+    write_jsonl(tmp_path / "t.jsonl", records)
+    (tmp_path / "t.json").write_text(json.dumps(records), encoding="utf-8")
+    read = [read_rows(tmp_path / name) for name in ("t.parquet", "t.jsonl", "t.json")]
+    assert read[0][1] == Counter({"missing:prompt": 1, "empty:target": 2, "empty:ground_truth": 1})
+    assert read[0] == read[1] == read[2]
+
+
 def test_column_mapping_reads_another_layout(tmp_path):
     records = [{"problem": "What is 2+3?", "solution": "<think>Five.</think> \\boxed{5}", "answer": "5",
                 "model": "glm"}, {"problem": "What is 2+2?", "solution": "<think>Four.</think> \\boxed{4}"}]
@@ -253,9 +265,9 @@ def test_column_mapping_reads_another_layout(tmp_path):
 
 # -- errors ---------------------------------------------------------------------------------------
 def test_unknown_suffix_and_missing_file(tmp_path):
-    (tmp_path / "teachers.csv").write_text("prompt,target\n")
-    with pytest.raises(ValueError, match=r"teachers\.csv.*\.jsonl.*\.parquet"):
-        read_rows(tmp_path / "teachers.csv")
+    (tmp_path / "teachers.txt").write_text("prompt,target\n")
+    with pytest.raises(ValueError, match=r"teachers\.txt.*\.jsonl.*\.parquet"):
+        read_rows(tmp_path / "teachers.txt")
     with pytest.raises(FileNotFoundError, match=r"absent\.parquet"):
         read_rows(tmp_path / "absent.parquet")
 

@@ -22,13 +22,12 @@ answers are shuffled per question by an RNG seeded from (seed, uid). A uid is "<
 dataset has an id column, else "<name>-<row index>". The built-in task's validation split is the
 benchmark "arithmetic" (`as_benchmark` of its problems; `trainables.tasks.builtin_validation`).
 
-Bad rows never raise: each is skipped and counted under a reason ("missing question", "wrong type
-answer", "bad choices", ...). Only an unusable file raises `BenchmarkError`, one line.
+Bad rows never raise: each is skipped and counted under a reason ("missing:question", "type:answer",
+"invalid:choices", ...; `trainables.data.records`). Only an unusable file raises `BenchmarkError`, one line.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import string
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainables.data.arithmetic import Problem
+from trainables.data.records import READERS, BadRecord, check_row, read_records, suffix_of, text
 
 BUILTIN = "arithmetic"  # the built-in task's validation split; it has no file
 LETTERS = string.ascii_uppercase  # option letters; MMLU-Pro uses up to J
@@ -57,51 +57,32 @@ class BenchmarkProblem:
     choices: tuple[str, ...] = ()  # option texts in letter order; empty for math
 
 
-class _BadRow(Exception):
-    """A row that cannot be used; `reason` is its skip-count key."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 # -- cell values -----------------------------------------------------------------------------------
-def _text(value: Any, field: str) -> str:
-    """`value` as a non-empty string, stripped, or _BadRow("missing|wrong type|empty <field>")."""
-    if value is None:
-        raise _BadRow(f"missing {field}")
-    if not isinstance(value, str):
-        raise _BadRow(f"wrong type {field}")
-    if not value.strip():
-        raise _BadRow(f"empty {field}")
-    return value.strip()
-
-
 def _answer_text(value: Any) -> str:
     """A math gold answer as text; whole numbers without ".0" (AMC's file stores 142 as 142.0)."""
     if isinstance(value, float):
         if not math.isfinite(value):  # NaN is how pandas exports write a null
-            raise _BadRow("missing answer")
+            raise BadRecord("missing:answer")
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    return _text(value, "answer")
+    return text(value, "answer").strip()
 
 
 def _options(value: Any) -> tuple[str, ...]:
-    """A list of MIN_CHOICES..26 non-empty option texts, stripped, or _BadRow("bad choices")."""
+    """A list of MIN_CHOICES..26 non-empty option texts, stripped, or BadRecord("invalid:choices")."""
     if not isinstance(value, (list, tuple)) or not MIN_CHOICES <= len(value) <= len(LETTERS):
-        raise _BadRow("bad choices")
+        raise BadRecord("invalid:choices")
     if not all(isinstance(option, str) and option.strip() for option in value):
-        raise _BadRow("bad choices")
+        raise BadRecord("invalid:choices")
     return tuple(option.strip() for option in value)
 
 
 def _letter(value: Any, num_options: int) -> str:
-    """A gold letter among the first `num_options`, or _BadRow."""
-    letter = _text(value, "answer").upper()
+    """A gold letter among the first `num_options`, or BadRecord."""
+    letter = text(value, "answer").strip().upper()
     if len(letter) != 1 or letter not in LETTERS[:num_options]:
-        raise _BadRow("answer not among choices")
+        raise BadRecord("invalid:answer")
     return letter
 
 
@@ -118,11 +99,11 @@ def _first_of_list_gold(values: Sequence[Any], rng: random.Random) -> tuple[str,
     """OlympiadBench: `final_answer` is a list of strings; the first is the gold answer."""
     (answers,) = values
     if answers is None:
-        raise _BadRow("missing answer")
+        raise BadRecord("missing:answer")
     if not isinstance(answers, (list, tuple)):
-        raise _BadRow("wrong type answer")
+        raise BadRecord("type:answer")
     if not answers:
-        raise _BadRow("empty answer")
+        raise BadRecord("empty:answer")
     return _answer_text(answers[0]), ()
 
 
@@ -130,20 +111,20 @@ def _arc_gold(values: Sequence[Any], rng: random.Random) -> tuple[str, tuple[str
     """ARC: the answerKey is one of the choices' labels ("A".."E" or "1".."5"): its position is the letter."""
     choices, key = values
     if not isinstance(choices, Mapping):
-        raise _BadRow("bad choices")
+        raise BadRecord("invalid:choices")
     options, labels = _options(choices.get("text")), choices.get("label")
     if not isinstance(labels, (list, tuple)) or len(labels) != len(options):
-        raise _BadRow("bad choices")
+        raise BadRecord("invalid:choices")
     labels = [label.strip() if isinstance(label, str) else label for label in labels]
-    key = _text(key, "answer")
+    key = text(key, "answer").strip()
     if key not in labels:
-        raise _BadRow("answer not among choices")
+        raise BadRecord("invalid:answer")
     return LETTERS[labels.index(key)], options
 
 
 def _gpqa_gold(values: Sequence[Any], rng: random.Random) -> tuple[str, tuple[str, ...]]:
     """GPQA: the correct answer then three wrong ones, shuffled; the gold letter follows the correct one."""
-    correct = _text(values[0], "answer")
+    correct = text(values[0], "answer").strip()
     answers = (correct, *_options(values[1:]))
     order = list(range(len(answers)))
     rng.shuffle(order)  # shuffle positions, not texts: a wrong answer equal to the right one stays wrong
@@ -197,52 +178,6 @@ BENCHMARKS: dict[str, Layout] = {
 BENCHMARK_NAMES: tuple[str, ...] = (*BENCHMARKS, BUILTIN)  # every name a caller can ask for
 
 
-# -- reading files: path -> (records, column names found) ------------------------------------------
-_INVALID_JSON = object()  # a JSONL line that does not parse
-
-
-def _read_parquet(path: Path) -> tuple[list[Any], list[str]]:
-    import pyarrow.parquet as pq  # only where a Parquet file is read
-
-    table = pq.read_table(path)
-    return table.to_pylist(), table.column_names  # struct columns (ARC's choices) come back as dicts
-
-
-def _read_csv(path: Path) -> tuple[list[Any], list[str]]:
-    import pyarrow.csv as pa_csv
-
-    # GPQA is published as CSV, and its questions span several lines inside quotes.
-    table = pa_csv.read_csv(path, parse_options=pa_csv.ParseOptions(newlines_in_values=True))
-    return table.to_pylist(), table.column_names
-
-
-def _json_line(line: str) -> Any:
-    try:
-        return json.loads(line)
-    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python's stack
-        return _INVALID_JSON
-
-
-def _read_json(path: Path) -> tuple[list[Any], list[str]]:
-    """JSON lines, or (a .json file opening with "[") one JSON array of row objects."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
-        records = json.loads(text)
-    else:
-        records = [_json_line(line) for line in text.splitlines() if line.strip()]
-    columns = dict.fromkeys(key for record in records if isinstance(record, Mapping) for key in record)
-    return records, list(columns)
-
-
-# Suffix -> reader; the error for any other suffix lists these keys.
-READERS: dict[str, Callable[[Path], tuple[list[Any], list[str]]]] = {
-    ".parquet": _read_parquet,
-    ".jsonl": _read_json,
-    ".json": _read_json,
-    ".csv": _read_csv,
-}
-
-
 def check_name(name: str) -> None:
     """BenchmarkError unless `name` is a benchmark: a layout of BENCHMARKS, or the built-in arithmetic."""
     if name not in BENCHMARK_NAMES:
@@ -260,19 +195,19 @@ def _layout(name: str) -> Layout:
 def _read(name: str, layout: Layout, path: Path) -> list[Any]:
     """The file's records, after checking its suffix, existence and required columns."""
     where = f"{name} benchmark file {str(path)!r}"
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
+    if suffix_of(path) is None:
         raise BenchmarkError(f"{where} has unsupported extension {path.suffix!r}; use one of {sorted(READERS)}")
     if not path.is_file():
         raise BenchmarkError(f"{where} not found; expected {layout.describe()}")
     try:
-        records, found = reader(path)
+        records = list(read_records(path))
     except (OSError, ValueError, RecursionError) as error:  # pyarrow's ArrowInvalid, JSON and UTF-8 errors: ValueErrors
         detail = "nested too deeply" if isinstance(error, RecursionError) else " ".join(str(error).split())
         raise BenchmarkError(f"{where} could not be read as {path.suffix}: {detail}; expected "
                              f"{layout.describe()}") from None
     if not records:
         raise BenchmarkError(f"{where} has no rows; expected {layout.describe()}")
+    found = list(dict.fromkeys(key for record in records if isinstance(record, Mapping) for key in record))
     missing = [column for column in layout.columns if column not in found]
     if missing:
         raise BenchmarkError(f"{where} has no column {', '.join(map(repr, missing))} (columns found: {found}); "
@@ -296,12 +231,9 @@ def _with_options(question: str, options: Sequence[str]) -> str:
 
 
 def _problem(name: str, layout: Layout, record: Any, index: int, seed: int) -> BenchmarkProblem:
-    """One file record as a problem, or _BadRow."""
-    if record is _INVALID_JSON:
-        raise _BadRow("invalid json")
-    if not isinstance(record, Mapping):
-        raise _BadRow("not an object")
-    question = _text(record.get(layout.question), "question")
+    """One file record as a problem, or BadRecord."""
+    record = check_row(record)
+    question = text(record.get(layout.question), "question").strip()
     uid = _uid(name, layout, record, index)
     rng = random.Random(f"{seed}:{uid}")  # per question: its shuffle does not depend on the row order or limit
     answer, choices = layout.gold([record.get(column) for column in layout.gold_columns], rng)
@@ -325,11 +257,11 @@ def load_benchmark(name: str, path: str | Path, *, limit: int | None = None,
             break
         try:
             problem = _problem(name, layout, record, index, seed)
-        except _BadRow as bad:
+        except BadRecord as bad:
             skipped[bad.reason] += 1
             continue
         if problem.uid in seen:  # results are keyed by uid: a repeated id would be ambiguous
-            skipped["duplicate id"] += 1
+            skipped["duplicate:id"] += 1
             continue
         seen.add(problem.uid)
         problems.append(problem)

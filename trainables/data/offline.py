@@ -14,20 +14,20 @@ reports per teacher. Prompts are keyed by the question text, stripped; `offline_
 distinct questions of a set of files (the prompts of task offline_prompts).
 
 Malformed rows never raise: each is skipped and counted under a reason `"<kind>:<field>"`, kind one
-of missing / type / empty (plus "invalid:json" and "type:row" for JSONL lines that are not objects);
-the filters count "overlong" and "incorrect". Only an empty store raises.
+of missing / type / empty (plus "invalid:json" and "type:row" for lines that are not objects;
+`trainables.data.records`); the filters count "overlong" and "incorrect". Only an empty store raises.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainables.data.arithmetic import TEACHERS, Problem, teacher_dataset
+from trainables.data.records import READERS, BadRecord, check_row, read_records, suffix_of, text
 from trainables.rewards.verify import THINK_OPEN, score_batch
 
 RAW_KEYS = ("question", "answer", "teacher", "solution")
@@ -39,9 +39,6 @@ DEFAULT_COLUMNS: dict[str, str] = {
     "source": "data_source",  # the teacher's name; "offline" where absent
 }
 DEFAULT_TEACHER = "offline"
-PARQUET_BATCH_ROWS = 1024  # read Parquet in batches: long targets make a whole table large in memory
-_UNPARSABLE = object()  # a JSONL line that is not JSON
-_MISSING = object()  # an absent column, or a null in it
 
 
 @dataclass(frozen=True)
@@ -74,14 +71,6 @@ class TeacherStats:
         return self.valid_tokens / self.valid if self.valid else 0.0
 
 
-class _Malformed(Exception):
-    """A row (or one target of it) that cannot be used; `reason` is its skip-count key."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 # -- sources of raw rows ---------------------------------------------------------------------------
 def builtin_rows(problems: Sequence[Problem], *, teachers: Sequence[str] = tuple(TEACHERS), seed: int,
                  wrong_rate: float, overlong_rate: float) -> list[dict[str, str]]:
@@ -90,53 +79,16 @@ def builtin_rows(problems: Sequence[Problem], *, teachers: Sequence[str] = tuple
     return [{key: row[key] for key in RAW_KEYS} for row in rows]
 
 
-def _parquet_records(path: Path) -> Iterator[Any]:
-    import pyarrow.parquet as pq  # only where a Parquet file is read
-
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS):
-        yield from batch.to_pylist()  # struct columns come back as nested dicts
-
-
-def _jsonl_records(path: Path) -> Iterator[Any]:
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            if not line.strip():
-                continue  # blank lines (a trailing newline) are not rows
-            try:
-                yield json.loads(line)
-            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python's stack
-                yield _UNPARSABLE
-
-
-# Suffix -> reader of that format's records; the error for an unknown suffix lists these keys.
-READERS: dict[str, Callable[[Path], Iterator[Any]]] = {
-    ".parquet": _parquet_records,
-    ".jsonl": _jsonl_records,
-    ".json-lines": _jsonl_records,
-}
-
-
 def _lookup(record: Mapping[str, Any], path: str) -> Any:
-    """record[path] if a flat column has that name, else the walk down its dots; _MISSING if absent or null."""
+    """record[path] if a flat column has that name, else the walk down its dots; None if absent or null."""
     if path in record:
         value = record[path]
     else:
         value = record
         for part in path.split("."):
             if not isinstance(value, Mapping) or part not in value:
-                return _MISSING
+                return None
             value = value[part]
-    return _MISSING if value is None else value
-
-
-def _text(value: Any, field: str) -> str:
-    """`value` as a non-empty string, or _Malformed("missing|type|empty:<field>")."""
-    if value is _MISSING:
-        raise _Malformed(f"missing:{field}")
-    if not isinstance(value, str):
-        raise _Malformed(f"type:{field}")
-    if not value.strip():
-        raise _Malformed(f"empty:{field}")
     return value
 
 
@@ -144,8 +96,8 @@ def _prompt_text(value: Any) -> str:
     """The question: the string itself, or the content of a chat list's last user turn."""
     if isinstance(value, list):
         users = [turn for turn in value if isinstance(turn, Mapping) and turn.get("role") == "user"]
-        value = users[-1].get("content", _MISSING) if users else _MISSING
-    return _text(_MISSING if value is None else value, "prompt")
+        value = users[-1].get("content") if users else None
+    return text(value, "prompt")
 
 
 def _prompt_turns(value: Any) -> tuple[tuple[str, str], ...]:
@@ -155,59 +107,56 @@ def _prompt_turns(value: Any) -> tuple[tuple[str, str], ...]:
         return ()
     turns = tuple((turn.get("role"), turn.get("content")) for turn in value if isinstance(turn, Mapping))
     if len(turns) != len(value) or not all(isinstance(r, str) and isinstance(c, str) for r, c in turns):
-        raise _Malformed("type:prompt")
+        raise BadRecord("type:prompt")
     return turns
 
 
 def _target_items(value: Any) -> list[Any]:
     """The targets of a row: [value] for a string, the elements of a list (each one row)."""
-    if value is _MISSING:
-        raise _Malformed("missing:target")
+    if value is None:
+        raise BadRecord("missing:target")
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list):
-        raise _Malformed("type:target")
+        raise BadRecord("type:target")
     if not value:
-        raise _Malformed("empty:target")
+        raise BadRecord("empty:target")
     return value
 
 
 def _target_text(item: Any) -> str:
     """One target: a string, or a {role, content} message's content."""
     if isinstance(item, Mapping):
-        item = item.get("content", _MISSING)
-    return _text(_MISSING if item is None else item, "target")
+        item = item.get("content")
+    return text(item, "target")
 
 
 def _source(value: Any) -> str:
     """The teacher's name; DEFAULT_TEACHER where the column is absent, null or empty."""
-    if value is _MISSING or (isinstance(value, str) and not value.strip()):
+    if value is None or (isinstance(value, str) and not value.strip()):
         return DEFAULT_TEACHER
     if not isinstance(value, str):
-        raise _Malformed("type:source")
+        raise BadRecord("type:source")
     return value.strip()
 
 
 def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str, str]], Counter]:
     """Raw rows [number of good targets] of one file record, and the skip counts of the bad parts."""
-    if record is _UNPARSABLE:
-        return [], Counter({"invalid:json": 1})
-    if not isinstance(record, Mapping):
-        return [], Counter({"type:row": 1})
     try:  # a bad prompt, ground truth or source loses the whole record: count it once
+        record = check_row(record)
         prompt = _lookup(record, columns["prompt"])
         question, turns = _prompt_text(prompt), _prompt_turns(prompt)
-        answer = _text(_lookup(record, columns["ground_truth"]), "ground_truth")
+        answer = text(_lookup(record, columns["ground_truth"]), "ground_truth")
         teacher = _source(_lookup(record, columns["source"]))
         items = _target_items(_lookup(record, columns["target"]))
-    except _Malformed as bad:
+    except BadRecord as bad:
         return [], Counter({bad.reason: 1})
     rows, skipped = [], Counter()
     for item in items:  # a bad target loses only itself
         try:
             rows.append({"question": question, "answer": answer, "teacher": teacher, "solution": _target_text(item),
                          **({"messages": turns} if turns else {})})
-        except _Malformed as bad:
+        except BadRecord as bad:
             skipped[bad.reason] += 1
     return rows, skipped
 
@@ -224,7 +173,7 @@ def _resolve_columns(columns: Mapping[str, str] | None) -> dict[str, str]:
 def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tuple[list[dict[str, str]], Counter]:
     """(raw rows, skip counts by reason) from a Parquet or JSONL file in LUFFY / OpenR1 layout.
 
-    The format follows the suffix (.parquet, .jsonl, .json-lines). `columns` maps our field names to
+    The format follows the suffix (`records.READERS`: .parquet, .jsonl, .json-lines, .json, .csv). `columns` maps our field names to
     dotted column paths, overriding any of the defaults (DEFAULT_COLUMNS):
 
         prompt       -> "prompt"                     string, or chat list: last user turn's content is the
@@ -236,14 +185,13 @@ def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tup
     Every element of a target list is one row. Malformed records are skipped and counted, never raised.
     """
     path = Path(path)
-    suffix = next((s for s in READERS if path.name.lower().endswith(s)), None)
-    if suffix is None:
+    if suffix_of(path) is None:
         raise ValueError(f"offline data file {str(path)!r} has an unknown suffix; use one of {sorted(READERS)}")
     if not path.is_file():
         raise FileNotFoundError(f"offline data file {str(path)!r} does not exist; check the path in the spec")
     mapping = _resolve_columns(columns)
     rows, skipped = [], Counter()
-    for record in READERS[suffix](path):
+    for record in read_records(path):
         good, bad = _record_rows(record, mapping)
         rows += good
         skipped += bad
