@@ -12,11 +12,9 @@ from trainables.data.arithmetic import (
     LEVEL_SPACE,
     LEVELS,
     OVERLONG_FACTOR,
-    SYSTEM_PROMPT,
     TEACHERS,
     Problem,
     make_splits,
-    prompt_messages,
     reduce_steps,
     teacher_dataset,
     teacher_solution,
@@ -127,11 +125,6 @@ def test_bad_requests_say_what_to_fix():
         make_splits(0, [7], train_size=10, val_size=1)
     with pytest.raises(ValueError, match="levels"):
         make_splits(0, [], train_size=10, val_size=1)
-
-
-def test_prompt_messages():
-    p = Problem("L1-1+2", "1+2", "3", 1)
-    assert prompt_messages(p) == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "1+2"}]
 
 
 def test_reduce_steps_hand_worked():

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from trainables.algorithms import ALGORITHMS
 from trainables.data.arithmetic import TEACHERS, make_splits, teacher_solution
 from trainables.data.offline import build_store, builtin_rows
-from trainables.hybrid import build_hybrid
+from trainables.hybrid import mix_teachers, teacher_response
 from trainables.rewards.embed import TrajectoryEncoder
 from trainables.rewards.verify import score_batch
 from trainables.rollout.types import RolloutBatch
@@ -53,9 +53,12 @@ def run(setup, name: str):
     def score(texts, golds):
         return torch.tensor(score_batch(texts, golds)[0])
 
-    return build_hybrid(s["rollouts"], s["keys"], s["golds"], s["verifiable"], s["last_entropy"],
-                        preset=ALGORITHMS[name], k=K, store=s["store"], embed=s["embed"], score=score,
-                        tokenizer=s["tokenizer"], max_tokens=64, rng=np.random.default_rng(7))
+    preset = ALGORITHMS[name]
+    embeddings = s["embed"](s["rollouts"].texts, s["keys"]) if preset.needs_embeddings else None
+    return mix_teachers(s["rollouts"], s["keys"], s["golds"], s["verifiable"], s["last_entropy"], embeddings,
+                        preset=preset, k=K, store=s["store"], score=score,
+                        to_response=lambda text: teacher_response(text, s["tokenizer"], 64),
+                        rng=np.random.default_rng(7))
 
 
 def test_oger_and_oger_no_reward_differ_only_by_the_exploration_reward(setup):

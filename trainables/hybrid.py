@@ -26,8 +26,6 @@ from trainables.data.prompts import strip_prefill
 from trainables.rewards.oger import divergence, exploration_reward, replacement_indices
 from trainables.rollout.types import RolloutBatch
 
-# (online texts [B], prompt keys [P]) -> (online embeddings [B, d], {key: offline embeddings [M, d]})
-EmbedFn = Callable[[list[str], list[str]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 ScoreFn = Callable[[list[str], list[str]], torch.Tensor]  # (texts, gold answers) -> R_m [B]
 
 
@@ -125,17 +123,6 @@ def mix_teachers(rollouts: RolloutBatch, keys: list[str], golds: list[str], veri
     return HybridGroups(hybrid, rewards, offpolicy, _metric_sums(
         offpolicy, scored & ~offpolicy, verifiable, rewards, divergence_all, r_oger.flatten(), last_entropy,
         p - int(with_data.sum())))
-
-
-def build_hybrid(rollouts: RolloutBatch, keys: list[str], golds: list[str], verifiable: torch.Tensor,
-                 last_entropy: torch.Tensor, *, preset: AlgorithmPreset, k: int, store: OfflineStore,
-                 embed: EmbedFn | None, score: ScoreFn, tokenizer, max_tokens: int,
-                 rng: np.random.Generator, prefill: str = "") -> HybridGroups:
-    """`mix_teachers`, embedding with `embed` on the way when the preset needs it."""
-    embeddings = embed(rollouts.texts, keys) if preset.needs_embeddings else None
-    return mix_teachers(rollouts, keys, golds, verifiable, last_entropy, embeddings, preset=preset, k=k, store=store,
-                        score=score, to_response=lambda text: teacher_response(text, tokenizer, max_tokens, prefill),
-                        rng=rng)
 
 
 def _metric_sums(offpolicy, kept_scored, verifiable, rewards, divergence, exploration, last_entropy,

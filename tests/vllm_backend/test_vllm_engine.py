@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainables.data.arithmetic import make_splits, prompt_messages
+from trainables.data.arithmetic import make_splits
+from trainables.data.prompts import chat_messages
 from trainables.rollout.ead import SCHEDULES
 from trainables.rollout.hf import top_p_filter
 from trainables.rollout.types import SamplingSpec
@@ -41,7 +42,7 @@ def prompts(engine):
     train, _ = make_splits(0, [1], 6, 0)
     out = []
     for problem in train:
-        ids = engine.tokenizer.apply_chat_template(prompt_messages(problem), add_generation_prompt=True, tokenize=True)
+        ids = engine.tokenizer.apply_chat_template(chat_messages(problem), add_generation_prompt=True, tokenize=True)
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
 

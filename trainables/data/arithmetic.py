@@ -118,11 +118,6 @@ def make_splits(seed: int, levels: Sequence[int], train_size: int,
     return _draw(rng, levels, train_size, seen, used), val
 
 
-def prompt_messages(problem: Problem) -> list[dict[str, str]]:
-    """Chat messages for a tokenizer's chat template: the system prompt, then the bare question."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem.question}]
-
-
 # -- worked steps -----------------------------------------------------------------------------------
 class Step(NamedTuple):
     a: int

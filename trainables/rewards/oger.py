@@ -46,35 +46,6 @@ def exploration_reward(divergence: torch.Tensor, last_token_entropy: torch.Tenso
     return exploration
 
 
-def oger_rewards(
-    online_emb: torch.Tensor,
-    offline_emb: torch.Tensor,
-    last_token_entropy: torch.Tensor,
-    verifiable: torch.Tensor,
-    *,
-    refine: bool = True,
-) -> dict[str, torch.Tensor]:
-    """OGER eq. 3-8 for ONE prompt's online trajectories.
-
-    online_emb: [N, d]; offline_emb: [M, d] (M >= 1); last_token_entropy: H_i [N] (eq. 6, nats);
-    verifiable: R_m [N] in {0, 1}. refine=False drops the exp(-H) factor (the paper's
-    "w/o refinement" ablation: R_OGER = D * R_m).
-    Returns float tensors [N]: similarity (sim_i, eq. 4), divergence (D_i, eq. 5),
-    exploration (R_OGER_i, eq. 7) and total (R_m + R_OGER, eq. 8).
-    """
-    n = online_emb.shape[0]
-    if offline_emb.dim() != 2 or offline_emb.shape[0] == 0 or offline_emb.shape[1] != online_emb.shape[1]:
-        raise ValueError(f"offline_emb must be [M >= 1, {online_emb.shape[1]}], got {tuple(offline_emb.shape)}; "
-                         "a prompt without offline trajectories has no OGER reward")
-    if last_token_entropy.shape != (n,) or verifiable.shape != (n,):
-        raise ValueError(f"last_token_entropy and verifiable must be [{n}], got "
-                         f"{tuple(last_token_entropy.shape)} and {tuple(verifiable.shape)}")
-    similarity, d = divergence(online_emb, offline_emb)  # [N]
-    exploration = exploration_reward(d, last_token_entropy, verifiable, refine=refine)  # [N]
-    return {"similarity": similarity, "divergence": d, "exploration": exploration,
-            "total": verifiable.to(d.dtype) + exploration}
-
-
 def replacement_indices(divergence: torch.Tensor, k: int) -> torch.Tensor:
     """OGER section 3.2: indices of the k online trajectories of lowest divergence D, to be replaced.
 
