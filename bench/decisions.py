@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator import decisions
-from orchestrator.experiment import ConfigSummary
+from orchestrator.summary import ConfigSummary
 from orchestrator.seeds import group_metrics
 from orchestrator.spec import SearchConfig
 from orchestrator.stats import seed_interval
@@ -186,7 +186,7 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
     import ray
     from ray import tune
 
-    from orchestrator.experiment import summarize
+    from orchestrator.summary import summarize
     from orchestrator.sweep import make_scheduler, make_searcher, ranked, verdict_against_baseline
 
     search = search_config({**PROCEDURES[NEW],

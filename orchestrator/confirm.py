@@ -14,7 +14,10 @@ from typing import Any
 from orchestrator import experiment
 from orchestrator.console import console, short_params
 from orchestrator.decisions import Confirmation, confirm, looks
-from orchestrator.experiment import RUNNING, ConfigSummary, Experiment, ExperimentFailed
+from orchestrator.cli import ExperimentFailed
+from orchestrator.experiment import RUNNING, Experiment
+from orchestrator.seeds import hold_if_preempted, run_name
+from orchestrator.summary import ConfigSummary
 from orchestrator.launch import load_offline
 from orchestrator.seeds import SeedGroup, seed_configs
 from orchestrator.spec import ConfirmConfig, apply_overrides
@@ -44,12 +47,12 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
     shown = short_params(arm.params)
     tags = {"kind": "trial", "stage": STAGE, "sweep": exp.name, "config": arm.config_id, **shown}
     run_ids = [tracker.start_trial_run(cfg, parent_run_id=exp.parent, resume=True, tags={**tags, "seed": str(cfg.seed)},
-                                       run_name=f"confirm {experiment.run_name(shown, cfg.seed)}") for cfg in cfgs]
+                                       run_name=f"confirm {run_name(shown, cfg.seed)}") for cfg in cfgs]
     store = load_offline(cfgs[0], model_path)
     console.print(f"confirmation: training {arm.config_id} on seeds {[cfg.seed for cfg in cfgs]}", highlight=False)
     results = SeedGroup(cfgs, metric, lambda report: None).run(
         model_path, [{"uri": exp.tracking_uri, "run_id": r} for r in run_ids], store, exp.stop.uri)
-    experiment.hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
+    hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
     for run_id in run_ids:
         tracker.finish(run_id, "finished")
     values = [(r.metrics or {}).get(metric) for r in results]

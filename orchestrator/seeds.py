@@ -1,4 +1,4 @@
-"""One configuration, R seeds: the Tune trial of a sweep or a study.
+"""One configuration, R seeds: the Tune trial of a sweep or a study (`make_trainable`).
 
 The configuration's seeds train side by side (one Ray Train run each, in threads of the Tune trial)
 and the trial reports their mean to Tune at each RL step once every seed has reached it: the searcher
@@ -17,17 +17,21 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ray.train.v2.api.callback import UserCallback
 
-from orchestrator.launch import fit_trial
+from orchestrator.console import short_params
+from orchestrator.launch import fit_trial, load_offline
 from orchestrator.scheduler import pruned_at
 from orchestrator.spec import apply_overrides
 from orchestrator.stats import seed_interval
+from orchestrator.tracking import Tracker
 from trainables.config import TrialConfig
+from trainables.data.models import resolve_model_path
 
 SE_KEY = "val/accuracy_se"  # the objective's own standard error, reported with val/accuracy
 HORIZON_KEY = "progress/steps"  # a configuration's last RL step, in each of its reports
@@ -166,3 +170,52 @@ class SeedGroup:
             self.reported = step
             self.report({**group_metrics(reports, self.metric), "progress/step": step,
                          HORIZON_KEY: self.cfgs[0].learner.steps})
+
+
+def run_name(shown: dict[str, str], seed: int) -> str:
+    """A seed run's name by what differs: `tau_max=1.25 d0=54 seed=1`, or `arm=ead seed=1`."""
+    return " ".join([*(f"{k}={v}" for k, v in shown.items()), f"seed={seed}"])
+
+
+def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dict] | None = None):
+    """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds,
+    each its own Ray Train run and nested MLflow run (param `seed`, tag `config`)."""
+    tracking = {"uri": exp.tracking_uri, "parent_run_id": exp.parent, "sweep": exp.name}
+    storage, stop = f"{exp.uri}/trials", exp.stop
+
+    def trainable(sampled: dict[str, Any]) -> None:
+        from ray import tune
+
+        config_id = tune.get_context().get_trial_id()
+        overrides = dict(arms[sampled["arm"]]) if arms is not None else dict(sampled)
+        cfgs = seed_configs(base, overrides, config_id, storage, seeds)
+        model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
+        tracker = Tracker(tracking["uri"], cfgs[0].logging.experiment)
+        shown = {"arm": sampled["arm"]} if arms is not None else short_params(sampled)
+        tags = {"kind": "trial", "stage": "study" if arms is not None else "select", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id,
+                **shown}
+        run_ids = [tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
+                                           tags={**tags, "seed": str(cfg.seed)}, run_name=run_name(shown, cfg.seed))
+                   for cfg in cfgs]
+        store = load_offline(cfgs[0], model_path)  # the task's seed: the same teachers for every seed
+        for run_id in run_ids:
+            if store is not None:
+                tracker.log_offline_store(run_id, store)
+        group = SeedGroup(cfgs, metric, tune.report)
+        results = group.run(model_path, [{"uri": tracking["uri"], "run_id": r} for r in run_ids], store, stop.uri)
+        # Checkpointed for a resume: stay "running" so that Tune neither closes the trial nor starts
+        # another in its place before the driver exits.
+        hold_if_preempted(results, tracker, run_ids, stop, config_id)
+
+    return trainable
+
+
+def hold_if_preempted(results: list, tracker: Tracker, run_ids: list, stop, name: str) -> None:
+    """When any seed checkpointed for a resume (SIGTERM): close its runs `stopped`, tell the driver
+    (`stop.acknowledge(name)`), and wait here until the driver exits; otherwise return at once."""
+    if any((r.metrics or {}).get("progress/preempted") for r in results):
+        for run_id in run_ids:
+            tracker.finish(run_id, "stopped")
+        stop.acknowledge(name)
+        while True:
+            time.sleep(60)

@@ -48,6 +48,7 @@ from trainables.metrics import OBJECTIVE_NAMESPACES
 
 # The experiment's machinery (Ray Tune, MLflow, SciPy, matplotlib) loads once the spec has passed its checks.
 experiment = later("orchestrator.experiment")
+tune_trial, summary = later("orchestrator.seeds"), later("orchestrator.summary")
 decisions, stats = later("orchestrator.decisions"), later("orchestrator.stats")
 tracking, report = later("orchestrator.tracking"), later("orchestrator.report")
 
@@ -131,7 +132,7 @@ def run(spec: str, args) -> int:
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})
     console.print(f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
                   f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}")
-    trainable = experiment.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
+    trainable = tune_trial.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
     seeds = [base_cfg.seed + r for r in range(study.seeds)]
 
     def tune_config():
@@ -219,7 +220,7 @@ def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | N
     metric's verdict is its own 95% interval's, labelled exploratory."""
     names = list(arms)
     first = arms[names[0]]
-    apart = {name: why for name in names[1:] if (why := experiment.incomparable(
+    apart = {name: why for name in names[1:] if (why := summary.incomparable(
         arms[name].get("overrides", {}), first.get("overrides", {}), arms[name].get("steps"), first.get("steps")))}
     paired = {name: {key: (a["values"], first["final"][key]["values"]) for key, a in arms[name]["final"].items()
                      if key in first["final"] and len(a["values"]) == len(first["final"][key]["values"])}

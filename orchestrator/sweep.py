@@ -34,16 +34,18 @@ import yaml
 from rich.table import Table
 
 from orchestrator.cli import ExperimentFailed, cli, later, parser
-from orchestrator.console import console, number_table, roles
+from orchestrator.console import console, number_table, roles, short_params
 from orchestrator.spec import BEST_SPEC, SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
 from trainables.config import TrialConfig
 
 if TYPE_CHECKING:
-    from orchestrator.experiment import ConfigSummary, Experiment
+    from orchestrator.experiment import Experiment
+    from orchestrator.summary import ConfigSummary
 
 # Ray Tune and the experiment's machinery (MLflow, torch) load once the spec has passed its checks.
 tune = later("ray.tune")
 experiment, tracking = later("orchestrator.experiment"), later("orchestrator.tracking")
+tune_trial, summary = later("orchestrator.seeds"), later("orchestrator.summary")
 
 
 def optuna_space(search: SearchConfig) -> tuple[dict, dict[str, Any]]:
@@ -121,12 +123,12 @@ def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], tri
 
 def ranked_table(summaries: list[ConfigSummary], search: SearchConfig, keys: list[str]) -> Table:
     title = f"configurations ranked by {search.metric} ({search.mode}), mean over {search.seeds} seed(s)"
-    short = experiment.short_params(dict.fromkeys(keys, 0))
+    short = short_params(dict.fromkeys(keys, 0))
     table = number_table(title, ["config", "state", "steps", "mean [95% CI]", "per seed", "val SE", *short])
     for s in ranked(summaries, search):
         table.add_row(s.config_id, s.state, str(s.steps), s.interval.format() if s.interval else "-",
                       " ".join(f"{v:.3f}" for v in s.values) or "-", f"{s.se:.3f}" if s.se is not None else "-",
-                      *experiment.short_params({k: s.params.get(k) for k in keys}).values())
+                      *short_params({k: s.params.get(k) for k in keys}).values())
     return table
 
 
@@ -190,7 +192,7 @@ def run(spec: str, args) -> int:
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial
-    trainable = experiment.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
+    trainable = tune_trial.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
     def tune_config():
         tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name,
                     "storage": exp.uri}
@@ -213,8 +215,8 @@ def seed_list(base_cfg: TrialConfig, seeds: int) -> list[int]:
     return [base_cfg.seed + r for r in range(seeds)]
 
 
-def is_baseline(summary: ConfigSummary, baseline: dict[str, Any] | None) -> bool:
-    return baseline is not None and all(summary.params.get(k) == v for k, v in baseline.items())
+def is_baseline(config: ConfigSummary, baseline: dict[str, Any] | None) -> bool:
+    return baseline is not None and all(config.params.get(k) == v for k, v in baseline.items())
 
 
 def baseline_and_challenger(summaries: list[ConfigSummary], finished: list[ConfigSummary],
@@ -228,10 +230,10 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     """Print the ranked configurations, the selection's estimate and, with `search.confirm`, the
     confirmation's verdict; write the final model's spec; close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
-    summaries = experiment.summarize(results, search.metric, keys, exp.uri,
+    summaries = summary.summarize(results, search.metric, keys, exp.uri,
                                      lambda config: exp.tracker.config_seeds(exp.name, config, search.metric))
     console.print(ranked_table(summaries, search, keys))
-    console.print(experiment.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
+    console.print(summary.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
     scored = [s for s in summaries if s.interval is not None]
     if not scored:
         raise ExperimentFailed(f"no configuration reported {search.metric}; their errors are in {exp.uri}/tune")
@@ -253,17 +255,17 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     path = exp.folder / BEST_SPEC
     path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
-    summary = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
+    chosen = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
     baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
     names = {c: f"{c} ({role})" for c, role in roles(baseline and baseline.config_id, best.config_id,
                                                      final.config_id).items()}
-    table = (experiment.markdown_table(ranked(summaries, search), search.metric, keys, names) + "\n"
+    table = (summary.markdown_table(ranked(summaries, search), search.metric, keys, names) + "\n"
              + "\n\n".join(lines) + "\n")
-    exp.tracker.finish_sweep(exp.parent, summary, {"wall_s": time.perf_counter() - exp.started},
+    exp.tracker.finish_sweep(exp.parent, chosen, {"wall_s": time.perf_counter() - exp.started},
                              metrics={"best/ci_low": final.interval.low, "best/ci_high": final.interval.high, **metrics},
                              tags=tags, tables={"configurations.md": table},
                              description=" ".join(more or lines[1:] or lines))  # the verdict, the final one first
-    return summary
+    return chosen
 
 
 def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[ConfigSummary],
@@ -277,9 +279,9 @@ def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[Conf
     lines = [f"best configuration {best.config_id}{' (the baseline)' if best is baseline else ''}: {search.metric} = "
              f"{best.interval.format()} over {len(best.values)} seed(s), with "
              + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())]
-    result = experiment.compare(challenger, baseline, search.mode) if baseline and challenger else None
+    result = summary.compare(challenger, baseline, search.mode) if baseline and challenger else None
     if result is None:
-        why = (baseline and challenger and experiment.incomparable(challenger.params, baseline.params, challenger.steps,
+        why = (baseline and challenger and summary.incomparable(challenger.params, baseline.params, challenger.steps,
                                                                    baseline.steps))
         lines.append(f"no selection estimate: {why}" if why else "no selection estimate: no baseline (search.baseline, "
                      "or points_to_evaluate), or no other configuration that ran to the end")
@@ -304,7 +306,7 @@ def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], fi
 
     baseline, challenger = baseline_and_challenger(summaries, finished, search)
     if baseline and challenger:
-        why = experiment.incomparable(challenger.params, baseline.params, confirm.arm_steps(base, challenger),
+        why = summary.incomparable(challenger.params, baseline.params, confirm.arm_steps(base, challenger),
                                       confirm.arm_steps(base, baseline))
     else:
         why = "the search has no baseline or no other configuration that ran to the end"

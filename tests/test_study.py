@@ -168,7 +168,7 @@ def test_arms_measured_at_other_steps_or_by_another_validation_are_not_compared(
 
 
 def test_a_comparison_refuses_sides_from_other_steps_or_validations():
-    from orchestrator.experiment import ConfigSummary, compare, incomparable
+    from orchestrator.summary import ConfigSummary, compare, incomparable
 
     def summary(values, steps=30, **params):
         return ConfigSummary("c", params, "finished", steps, values, None, None, {})
