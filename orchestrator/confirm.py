@@ -50,8 +50,8 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
                                        run_name=f"confirm {run_name(shown, cfg.seed)}") for cfg in cfgs]
     store = load_offline(cfgs[0], model_path)
     console.print(f"confirmation: training {arm.config_id} on seeds {[cfg.seed for cfg in cfgs]}", highlight=False)
-    results = SeedGroup(cfgs, metric, lambda report: None).run(
-        model_path, [{"uri": exp.tracking_uri, "run_id": r} for r in run_ids], store, exp.stop.uri)
+    results = SeedGroup(cfgs, metric, lambda report: None).run(model_path, exp.tracking_uri, run_ids, store,
+                                                              exp.stop.uri)
     hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
     for run_id in run_ids:
         tracker.finish(run_id, "finished")

@@ -167,11 +167,13 @@ def start_verifier():
                                                scheduling_strategy="DEFAULT").remote()
 
 
-def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: OfflineStore | None = None,
-              run_callbacks: list | None = None, stop_file: str | None = None, started_at: float | None = None):
+def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking_uri: str | None, run_id: str | None,
+              store: OfflineStore | None = None, run_callbacks: list | None = None, stop_file: str | None = None,
+              started_at: float | None = None):
     """Start the trial's rollout engines (and encoder), run the Ray Train loop, return the `Result`.
 
-    `started_at` (time.time()) is where the trial's start-up began, for its `timing/startup`.
+    run_id: the trial's MLflow run in `tracking_uri` (None: untracked). `started_at` (time.time()) is
+    where the trial's start-up began, for its `timing/startup`.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -179,7 +181,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
 
     from trainables.learner import process_group_backend
     from trainables.rollout.service import remove_engine_group, start_rollout_engines
-    from trainables.trial import train_loop_per_worker
+    from trainables.trial import TrialInputs, train_loop_per_worker
 
     engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)
     verifier = start_verifier()
@@ -187,10 +189,8 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking: dict, store: Offl
     try:
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"trial": cfg.model_dump(mode="json"), "model_path": str(model_path),
-                               "rollout_engines": engines, "verifier": verifier, "tracking": tracking,
-                               "offline_store": store, "embedding_service": embedder, "stop_file": stop_file,
-                               "started_at": started_at or time.time()},
+            train_loop_config={"inputs": TrialInputs(cfg, str(model_path), engines, verifier, tracking_uri, run_id,
+                                                     store, embedder, stop_file, started_at or time.time())},
             torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker=worker_resources(cfg)),

@@ -117,14 +117,16 @@ class SeedGroup:
         self.errors: list[BaseException | None] = [None] * len(cfgs)
         self.reported = 0
 
-    def run(self, model_path: Path, trackings: list[dict], store=None, stop_file: str | None = None) -> list:
+    def run(self, model_path: Path, tracking_uri: str | None, run_ids: list, store=None,
+            stop_file: str | None = None) -> list:
         """Train every seed; the Ray Train results, in seed order. A seed's error is raised at once: the
         Tune trial ends, and its seeds' Train runs with it."""
         from ray.util.queue import Queue
 
         inbox = Queue(actor_options={"num_cpus": 0})  # the reports of every seed, in arrival order
-        threads = [threading.Thread(target=self._fit, args=(i, cfg, model_path, trackings[i], store, stop_file, inbox),
-                                    name=cfg.name, daemon=True) for i, cfg in enumerate(self.cfgs)]
+        threads = [threading.Thread(target=self._fit, name=cfg.name, daemon=True,
+                                    args=(i, cfg, model_path, tracking_uri, run_ids[i], store, stop_file, inbox))
+                   for i, cfg in enumerate(self.cfgs)]
         for thread in threads:
             thread.start()
         while (any(t.is_alive() for t in threads) or not inbox.empty()) and not any(self.errors):
@@ -141,9 +143,10 @@ class SeedGroup:
                 raise error
         return self.results
 
-    def _fit(self, index: int, cfg: TrialConfig, model_path: Path, tracking: dict, store, stop_file, inbox) -> None:
+    def _fit(self, index: int, cfg: TrialConfig, model_path: Path, tracking_uri: str | None, run_id: str | None,
+             store, stop_file, inbox) -> None:
         try:
-            result = fit_trial(cfg, model_path, tracking=tracking, store=store,
+            result = fit_trial(cfg, model_path, tracking_uri=tracking_uri, run_id=run_id, store=store,
                                run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
             self.results[index] = result
             if result.error:
@@ -202,7 +205,7 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
             if store is not None:
                 tracker.log_offline_store(run_id, store)
         group = SeedGroup(cfgs, metric, tune.report)
-        results = group.run(model_path, [{"uri": tracking["uri"], "run_id": r} for r in run_ids], store, stop.uri)
+        results = group.run(model_path, tracking["uri"], run_ids, store, stop.uri)
         # Checkpointed for a resume: stay "running" so that Tune neither closes the trial nor starts
         # another in its place before the driver exits.
         hold_if_preempted(results, tracker, run_ids, stop, config_id)

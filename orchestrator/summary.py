@@ -47,7 +47,7 @@ def summarize(results, metric: str, keys: list[str], uri: str | None = None,
                 values, steps = [v for _, _, v in seeds], seeds[0][1]
         se = m.get(SE_KEY)
         values = [v for v in values if v is not None]
-        out.append(ConfigSummary(config_id, {k: r.config.get(k) for k in keys}, state, steps, values,
+        out.append(ConfigSummary(config_id, {k: (r.config or {}).get(k) for k in keys}, state, steps, values,
                                  seed_interval(values, se) if values else None, se, m))
     return out
 

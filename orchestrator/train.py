@@ -82,8 +82,8 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
         stop.clear()
         stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
         start = time.perf_counter()
-        result = launch.fit_trial(cfg, model_path, tracking={"uri": uri, "run_id": run_id}, store=store,
-                           stop_file=stop.uri, started_at=started_at)
+        result = launch.fit_trial(cfg, model_path, tracking_uri=uri, run_id=run_id, store=store,
+                                  stop_file=stop.uri, started_at=started_at)
         if result.error:
             raise result.error
         metrics = dict(result.metrics or {})

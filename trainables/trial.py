@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.fs
@@ -66,19 +68,34 @@ def step_prompts(num_train: int, step: int, per_step: int, rank: int, world: int
     return out
 
 
+@dataclass(frozen=True)
+class TrialInputs:
+    """What a trial's workers receive from the driver: the config, validated once, and what is not config."""
+
+    cfg: TrialConfig
+    model_path: str  # the base policy's folder
+    engines: list  # the rollout service's actors
+    verifier: Any  # the verifier actor
+    tracking_uri: str | None = None
+    run_id: str | None = None  # the trial's MLflow run; None: untracked
+    store: OfflineStore | None = None  # the offline store (luffy / oger*)
+    embedder: Any = None  # the encoder actor (oger*)
+    stop_file: str | None = None  # its existence asks the trial to checkpoint and stop (SIGTERM)
+    started_at: float | None = None  # the driver's time.time() when the trial began starting up
+
+
 class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
-    def __init__(self, cfg: TrialConfig, model_path: str, engines: list, verifier, tracking: dict, *,
-                 store: OfflineStore | None = None, embedder=None, stop_file: str | None = None,
-                 started_at: float | None = None):
+    def __init__(self, inputs: TrialInputs):
         self.startup_marks = {"workers": time.time()}  # start-up stages' ends, from `started_at`
         ctx = ray.train.get_context()
-        self.cfg, self.verifier, self.store, self.embedder = cfg, verifier, store, embedder
-        # The stop file's existence asks the trial to checkpoint and stop (SIGTERM); resolved once.
-        self.stop_file = pyarrow.fs.FileSystem.from_uri(stop_file) if stop_file else None
+        cfg, model_path, engines, verifier = inputs.cfg, inputs.model_path, inputs.engines, inputs.verifier
+        self.cfg, self.verifier, self.store, self.embedder = cfg, verifier, inputs.store, inputs.embedder
+        # The stop file is resolved once.
+        self.stop_file = pyarrow.fs.FileSystem.from_uri(inputs.stop_file) if inputs.stop_file else None
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        self.started_at = started_at  # the driver's time.time() when the trial began starting up
+        self.started_at = inputs.started_at
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
@@ -103,7 +120,8 @@ class Trial:
                                     timeout_s=cfg.checkpoint.actor_timeout_s)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
                                    world=self.world)
-        self.record = TrialLog(cfg.name, cfg.learner.steps, tracking, self.rank, cfg.logging.rollout_samples)
+        self.record = TrialLog(cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank,
+                               cfg.logging.rollout_samples)
         self.start_step = 0
         self.base_val: dict[str, float] = {}
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
@@ -318,13 +336,10 @@ def quiet_report_log() -> None:
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train entry point; `config` carries the validated trial spec as plain data."""
-    cfg = TrialConfig.model_validate(config["trial"])
+    """Ray Train entry point; `config["inputs"]` is the trial's `TrialInputs`."""
     quiet_report_log()
     arm_sigterm_notice()
-    trial = Trial(cfg, config["model_path"], config["rollout_engines"], config["verifier"], config.get("tracking", {}),
-                  store=config.get("offline_store"), embedder=config.get("embedding_service"),
-                  stop_file=config.get("stop_file"), started_at=config.get("started_at"))
+    trial = Trial(config["inputs"])
     TRAINING.set()
     try:
         trial.run()

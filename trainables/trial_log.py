@@ -22,12 +22,13 @@ def startup_breakdown(started_at: float | None, marks: dict[str, float]) -> dict
 
 
 class TrialLog:
-    """tracking: {"uri", "run_id"} of the trial's MLflow run; rollout_samples: rows of each validated
-    step's rollouts kept as an artifact (`logging.rollout_samples`)."""
+    """tracking_uri, run_id: the trial's MLflow run (None: untracked); rollout_samples: rows of each
+    validated step's rollouts kept as an artifact (`logging.rollout_samples`)."""
 
-    def __init__(self, name: str, steps: int, tracking: dict, rank: int, rollout_samples: int):
+    def __init__(self, name: str, steps: int, tracking_uri: str | None, run_id: str | None, rank: int,
+                 rollout_samples: int):
         self.name, self.steps, self.rank, self.rollout_samples = name, steps, rank, rollout_samples
-        self.logger = StepLogger(tracking.get("uri"), tracking.get("run_id")) if rank == 0 else None
+        self.logger = StepLogger(tracking_uri, run_id) if rank == 0 else None
 
     def say(self, text: str) -> None:
         if self.rank == 0:
