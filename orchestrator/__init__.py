@@ -20,7 +20,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_LINES)
 os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"\[trial [^\]]+\] ")
 # Checkpoints and folders may come from someone else: every torch.load in this process reads tensors
 # and plain data only, even where a library (DeepSpeed) asks for weights_only=False
-# (trainables/checkpoint.py; the workers too, through launch.WORKER_ENV).
+# (trainables/runtime/checkpoint.py; the workers too, through launch.WORKER_ENV).
 WEIGHTS_ONLY_ENV = {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
 # A dead tracking server costs a command seconds, not MLflow's minutes of retries (the workers too).
 MLFLOW_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}

@@ -43,7 +43,7 @@ from trainables.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 
 # MLflow, torch and the model's libraries load once the arguments have passed their checks.
-tracking, checkpoint = later("orchestrator.tracking"), later("trainables.checkpoint")
+tracking, checkpoint = later("orchestrator.tracking"), later("trainables.runtime.checkpoint")
 models = later("trainables.data.models")
 PROMPTS_PER_CALL = 16  # prompts per generate call: bounds the engine's batch (prompts x samples)
 MAX_DECODINGS = 100  # temperatures one --temperatures range may make

@@ -31,7 +31,7 @@ WORKER_ENV = {
     "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
     # A dead tracking server costs a step seconds: the step logger buffers and tries again at the next step.
     **MLFLOW_HTTP_ENV,
-    **WEIGHTS_ONLY_ENV,  # a checkpoint is data: no torch.load unpickles objects (trainables/checkpoint.py)
+    **WEIGHTS_ONLY_ENV,  # a checkpoint is data: no torch.load unpickles objects (trainables/runtime/checkpoint.py)
 }
 
 

@@ -2,7 +2,7 @@
 
 The driver cannot reach into the learner ranks, so it leaves a stop file in the run's storage
 (local folder or bucket, through pyarrow); rank 0 of each trial looks for it at every step
-boundary (`trainables.notices.stop_asked`), and all ranks checkpoint and leave together.
+boundary (`trainables.runtime.notices.stop_asked`), and all ranks checkpoint and leave together.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from orchestrator.lease import Lease, check_settings, release_all
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.spec import BEST_SPEC, SpecError, derived_numbers, load_trial_spec
 from trainables.config import TrialConfig
-from trainables.errors import stated
+from trainables.runtime.errors import stated
 from trainables.metrics import SUMMARY_NAMESPACES
 
 if TYPE_CHECKING:

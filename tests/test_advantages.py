@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainables.advantages import GROUP_EPS, group_advantages, zero_std_fraction
+from trainables.algo.advantages import GROUP_EPS, group_advantages, zero_std_fraction
 
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])  # [G=2, N=4]
 

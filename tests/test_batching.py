@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainables.batching import pad_tokens, split_to, token_budget_groups
+from trainables.algo.batching import pad_tokens, split_to, token_budget_groups
 
 
 def test_groups_fit_the_budget_and_hold_every_row_once():

@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 PACKAGES = ("trainables", "orchestrator", "bench")
-PURE = ("trainables.losses", "trainables.advantages", "trainables.logprobs", "trainables.rewards.oger",
-        "trainables.rollout.ead", "trainables.hybrid", "trainables.step_metrics", "trainables.metrics",
+PURE = ("trainables.algo.losses", "trainables.algo.advantages", "trainables.algo.logprobs", "trainables.rewards.oger",
+        "trainables.rollout.ead", "trainables.algo.hybrid", "trainables.step_metrics", "trainables.metrics",
         "orchestrator.stats")
 FRAMEWORKS = ("ray", "deepspeed", "vllm", "mlflow", "optuna")
 
@@ -74,6 +74,12 @@ def test_the_project_has_modules_and_no_import_cycle():
     ("trainables.rewards", "trainables.config"),
     ("trainables.rollout", "trainables.config"),
     ("trainables.rollout", "trainables.trial"),
+    ("trainables.algo", "trainables.runtime"),  # the algorithm knows nothing of how a trial runs
+    ("trainables.algo", "trainables.trial"),
+    ("trainables.algo", "trainables.learner"),
+    ("trainables.runtime", "trainables.algo"),  # the machinery knows nothing of the algorithm
+    ("trainables.runtime", "trainables.config"),
+    ("trainables.runtime", "trainables.trial"),
 ])
 def test_arrows_point_down(lower, upper):
     up = {(m, i) for m in MODULES if m.startswith(lower) for i in GRAPH[m] if i.startswith(upper)}

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from trainables.algorithms import ALGORITHMS
+from trainables.algo.algorithms import ALGORITHMS
 from trainables.data.arithmetic import TEACHERS, make_splits, teacher_solution
 from trainables.data.offline import build_store, builtin_rows
-from trainables.hybrid import mix_teachers, teacher_response
+from trainables.algo.hybrid import mix_teachers, teacher_response
 from trainables.rewards.embed import TrajectoryEncoder
 from trainables.rewards.verify import score_batch
 from trainables.rollout.types import RolloutBatch

@@ -82,7 +82,7 @@ def test_learner_at_the_rollout_temperature_is_on_policy(tiny_model_path):
     cached decode and the learner's full pass); at T = 1 the same rollouts are off-policy."""
     from transformers import AutoModelForCausalLM
 
-    from trainables.losses import tis_weights
+    from trainables.algo.losses import tis_weights
     from trainables.rollout.ead import tau_table
 
     engine = HFEngine(tiny_model_path)

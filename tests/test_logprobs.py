@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainables.logprobs import token_logprobs
-from trainables.losses import entropy_from_logits
+from trainables.algo.logprobs import token_logprobs
+from trainables.algo.losses import entropy_from_logits
 
 B, T, H, V = 3, 7, 16, 50
 
@@ -67,7 +67,7 @@ def test_min_chunks_calls_the_head_as_often_as_the_busiest_rank():
     calls with empty chunks, which change no output."""
     import torch
 
-    from trainables.logprobs import token_logprobs
+    from trainables.algo.logprobs import token_logprobs
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(8, 11)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainables.losses import (
+from trainables.algo.losses import (
     AGGREGATIONS,
     aggregate_loss,
     entropy_from_logits,

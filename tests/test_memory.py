@@ -21,7 +21,7 @@ MEASURE = r"""
 import json, sys
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from trainables.logprobs import token_logprobs
+from trainables.algo.logprobs import token_logprobs
 
 spec = json.loads(sys.argv[1])
 torch.set_num_threads(1)
@@ -129,7 +129,7 @@ def test_zero_stages_shard_what_deepspeed_shards():
 
 CHUNK = r"""
 import json, sys, torch
-from trainables.logprobs import token_logprobs
+from trainables.algo.logprobs import token_logprobs
 torch.set_num_threads(1)
 dtype, entropy = getattr(torch, sys.argv[1]), sys.argv[2]
 

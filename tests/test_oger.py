@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainables.hybrid import group_divergence, hybrid_rewards
+from trainables.algo.hybrid import group_divergence, hybrid_rewards
 from trainables.rewards.oger import cosine_matrix, divergence, replacement_indices
 
 # Two offline trajectories along the axes; online ones at chosen angles (unnormalised on purpose).

@@ -13,7 +13,7 @@ from trainables.data.arithmetic import SYSTEM_PROMPT, Problem
 from trainables.data.offline import read_rows
 from trainables.data.prompts import OPENR1_SYSTEM_PROMPT, TEMPLATES, chat_messages, strip_prefill
 from trainables.tasks import encode_prompt, train_problems
-from trainables.hybrid import teacher_response
+from trainables.algo.hybrid import teacher_response
 from trainables.rewards.verify import verify_response
 
 QUESTION = Problem("L1-12+7", "12+7", "19", level=1)

@@ -25,7 +25,7 @@ from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, finished
 from orchestrator import train
 from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
-from trainables.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
+from trainables.runtime.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
                                    write_manifest)
 
 
@@ -374,7 +374,7 @@ def check_confirmation_records(storage, out: str) -> None:
 def test_a_full_disk_during_a_checkpoint_is_said_in_one_line(tmp_path):
     """torch.save past a file-size limit fails as a full disk does; that failure, however torch words it,
     becomes one line naming the step, the folder and the space left. Other errors are not disguised."""
-    from trainables.errors import write_failure
+    from trainables.runtime.errors import write_failure
 
     code = ("import resource, signal, torch\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\ntry:\n"
@@ -394,7 +394,7 @@ def test_a_trials_own_error_is_found_in_what_ray_train_raises():
     from ray.train import WorkerGroupError
     from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 
-    from trainables.errors import NonFiniteError, stated
+    from trainables.runtime.errors import NonFiniteError, stated
 
     cause = NonFiniteError("trial t: step 4: policy/grad_norm not finite")
     wrapped = WorkerGroupError("worker failed", {1: UserExceptionWithTraceback(cause, "Traceback ...")})
@@ -403,7 +403,7 @@ def test_a_trials_own_error_is_found_in_what_ray_train_raises():
 
 
 def test_a_non_finite_step_stops_the_trial_naming_it():
-    from trainables.errors import NonFiniteError
+    from trainables.runtime.errors import NonFiniteError
     from trainables.step_metrics import WATCHED, check_finite
 
     step_1 = {"progress/step": 1.0, **dict.fromkeys(WATCHED, 0.5)}

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import TrialConfig
-from trainables.step_log import StepLogger
+from trainables.runtime.step_log import StepLogger
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator,
                       model_validator)
 
-from trainables.algorithms import ALGORITHMS
+from trainables.algo.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BUILTIN, BenchmarkError, check_name
 from trainables.data.prompts import TEMPLATES
@@ -259,10 +259,10 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """The RL objective. A preset (`name`) may set defaults of its own (trainables/algorithms.py: luffy
+    """The RL objective. A preset (`name`) may set defaults of its own (trainables/algo/algorithms.py: luffy
     runs LUFFY's recipe); a field the spec sets keeps the spec's value."""
 
-    name: AlgorithmName = Field("grpo", description="RL algorithm preset (trainables/algorithms.py).")
+    name: AlgorithmName = Field("grpo", description="RL algorithm preset (trainables/algo/algorithms.py).")
     replacement_density: int = Field(
         1, ge=0, description="k: online members of each group replaced by teacher trajectories (luffy, oger*).")
     shaping_gamma: PositiveFloat = Field(
@@ -430,7 +430,7 @@ class CheckpointConfig(Section):
     keep_best_mode: Literal["max", "min"] = Field("max", description="Whether keep_best_by is maximised.")
     actor_timeout_s: PositiveFloat = Field(
         1800.0, le=86400, description="A call to an engine, the verifier or the encoder that takes longer is a "
-        "hang: the actor is restarted and the call retried (trainables/calls.py).")
+        "hang: the actor is restarted and the call retried (trainables/runtime/calls.py).")
     max_failures: int = Field(
         3, ge=-1, description="Learner worker-group failures Ray Train recovers from the last checkpoint; "
         "-1: unlimited, 0: none.")

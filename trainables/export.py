@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainables.checkpoint import TRIAL_STATE, TrialState, allow_deepspeed_records, read_record
+from trainables.runtime.checkpoint import TRIAL_STATE, TrialState, allow_deepspeed_records, read_record
 
 
 def checkpoint_model_path(checkpoint_dir: str | Path) -> str:

@@ -20,12 +20,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from trainables.advantages import group_advantages
-from trainables.batching import pad_tokens, split_to, token_budget_groups
-from trainables.checkpoint import allow_deepspeed_records
+from trainables.algo.advantages import group_advantages
+from trainables.algo.batching import pad_tokens, split_to, token_budget_groups
+from trainables.runtime.checkpoint import allow_deepspeed_records
 from trainables.config import TrialConfig
-from trainables.logprobs import token_logprobs
-from trainables.losses import STAT_KEYS, entropy_from_logits, policy_objective, tis_weights
+from trainables.algo.logprobs import token_logprobs
+from trainables.algo.losses import STAT_KEYS, entropy_from_logits, policy_objective, tis_weights
 from trainables.rollout.types import RolloutBatch
 from trainables.rollout.weight_sync import TensorMeta
 
@@ -148,7 +148,7 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                       temperature: torch.Tensor | None, *, chunk_tokens: int | None,
                       entropy: str, min_chunks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A causal LM's (log pi(y_t) [B, T], H_t [B, T]) for input_ids long[B, T + 1] at mask bool[B, T]: the
-    decoder, then the head one chunk of positions at a time (`trainables.logprobs`), or with chunk_tokens
+    decoder, then the head one chunk of positions at a time (`trainables.algo.logprobs`), or with chunk_tokens
     None the straightforward pass, logits [B, T, V] in fp32. H is zeros for entropy "none"."""
     if chunk_tokens is not None:
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
@@ -172,7 +172,7 @@ class Learner:
     def __init__(self, model_path: str | Path, cfg: TrialConfig, *, world_size: int, device: str = "cpu"):
         import deepspeed
 
-        allow_deepspeed_records()  # its checkpoints load weights-only (trainables/checkpoint.py)
+        allow_deepspeed_records()  # its checkpoints load weights-only (trainables/runtime/checkpoint.py)
 
         # The shared-memory allreduce op would JIT-compile for ~2 minutes; gloo is as good here.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -282,7 +282,7 @@ class Learner:
         both from each micro-batch's own pass, written into `tis`; see `rl_update`).
 
         offpolicy: bool[B], True on teacher rows: their tokens take LUFFY's shaped loss -A f(p), with
-        no ratio, clip or TIS; the other rows keep the PPO/TIS term (`trainables.losses.policy_objective`).
+        no ratio, clip or TIS; the other rows keep the PPO/TIS term (`trainables.algo.losses.policy_objective`).
         Returns per-rank sums for metrics (`*_sum` over response tokens and the padding, plus `tokens`),
         read from the device once.
         """

@@ -135,7 +135,7 @@ def learner_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, worl
                    gpu: bool = True) -> LearnerMemory:
     """Peak bytes of one learner rank at its largest micro-batch of `tokens` (rows x longest row), in the
     steady state (the optimizer's states exist from the first step on). `entropy`: how the learner's
-    pass computes it (`trainables.logprobs.ENTROPY_MODES`); `push`: `weight_push_memory`'s bytes; `gpu`:
+    pass computes it (`trainables.algo.logprobs.ENTROPY_MODES`); `push`: `weight_push_memory`'s bytes; `gpu`:
     a GPU rank has a CUDA context, and its caching allocator holds ZeRO's reduce bucket whole (a CPU
     rank's pages exist only as far as the bucket is used, the model's gradients at most).
 

@@ -1,5 +1,5 @@
 """A step's metrics: each rank's sums in, the logged metrics out, and the watch on the values that
-must stay finite. The caller reduces the sums over ranks between the two halves (`trainables.ranks`).
+must stay finite. The caller reduces the sums over ranks between the two halves (`trainables.runtime.ranks`).
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from trainables.advantages import zero_std_fraction
-from trainables.errors import NonFiniteError
+from trainables.algo.advantages import zero_std_fraction
+from trainables.runtime.errors import NonFiniteError
 from trainables.names import REASONS
 from trainables.rollout.types import RolloutBatch
 

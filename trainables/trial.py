@@ -1,7 +1,7 @@
 """The Ray Train worker loop: one RL step (README, "How it fits together") on every learner rank.
 
     prompts -> rollout service (EAD at the RL step) -> verifier -> old-logprob pass (T = 1, or the rollout's)
-            -> [luffy / oger*: teacher members and OGER reward, trainables/hybrid.py]
+            -> [luffy / oger*: teacher members and OGER reward, trainables/algo/hybrid.py]
             -> group advantages -> TIS weights -> DeepSpeed update -> weights to the service
 
 Its parts: the rollout client (trainables/rollout/client.py), the hybrid groups (hybrid.py), the learner
@@ -23,20 +23,20 @@ import ray
 import torch
 from ray.train.torch import get_device
 
-from trainables import calls, resume
+from trainables.runtime import calls, resume
 from trainables.config import VAL_STEP, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.tasks import encode_prompt, load_benchmarks, train_problems
 from trainables.data.offline import OfflineStore
-from trainables.hybrid import HybridGroups, mix_teachers, teacher_response
+from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
-from trainables.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
-from trainables.ranks import reduce_max, reduce_sums
+from trainables.runtime.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
+from trainables.runtime.ranks import reduce_max, reduce_sums
 from trainables.rollout.client import RolloutClient
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
-from trainables.trial_log import TrialLog, startup_breakdown
+from trainables.runtime.trial_log import TrialLog, startup_breakdown
 from trainables.validation import Validation
 from trainables.validation_cache import cached_base
 

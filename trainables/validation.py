@@ -13,11 +13,11 @@ import math
 
 import numpy as np
 
-from trainables import calls
+from trainables.runtime import calls
 from trainables.config import TrialConfig
 from trainables.tasks import encode_prompt
 from trainables.evaluation import avg_at_k_se, macro_row, metric_key
-from trainables.ranks import from_rank0, gather
+from trainables.runtime.ranks import from_rank0, gather
 from trainables.rollout.client import RolloutClient
 
 VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)

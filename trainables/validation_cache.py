@@ -23,7 +23,7 @@ import transformers
 from filelock import FileLock, Timeout
 
 from trainables.config import TrialConfig
-from trainables.ranks import from_rank0
+from trainables.runtime.ranks import from_rank0
 
 CACHE_VERSION = 1  # bump when validation's arithmetic changes
 # Sections and fields that cannot change what the base policy's validation returns.

@@ -12,8 +12,8 @@ import time
 import ray
 import torch
 
-from trainables import calls
-from trainables.ranks import barrier, reduce_max
+from trainables.runtime import calls
+from trainables.runtime.ranks import barrier, reduce_max
 from trainables.rollout.push import WEIGHT_PUSHES, learner_weights, weight_push
 from trainables.rollout.service import StaleWeightsError, engines_removed
 from trainables.rollout.types import RolloutBatch, SamplingSpec

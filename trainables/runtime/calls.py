@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from trainables.errors import TrialError
+from trainables.runtime.errors import TrialError
 
 
 class ActorHung(TrialError):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from trainables.losses import entropy_from_logits
+from trainables.algo.losses import entropy_from_logits
 
 ENTROPY_MODES = ("none", "value", "grad")  # not computed / detached (a metric, OGER's H) / in the graph (a loss term)
 

@@ -3,8 +3,8 @@ rollout samples and the validation curve, and where a resumed run picks up. Othe
 
 from __future__ import annotations
 
-from trainables.artifacts import rollout_samples_jsonl, validation_curve
-from trainables.step_log import StepLogger
+from trainables.runtime.artifacts import rollout_samples_jsonl, validation_curve
+from trainables.runtime.step_log import StepLogger
 
 LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step 0's base validation
 

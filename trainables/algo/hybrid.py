@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from trainables.algorithms import AlgorithmPreset
+from trainables.algo.algorithms import AlgorithmPreset
 from trainables.data.offline import OfflineStore
 from trainables.data.prompts import strip_prefill
 from trainables.rewards.oger import divergence, exploration_reward, replacement_indices

@@ -26,7 +26,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from trainables.ranks import reduce_max
+from trainables.runtime.ranks import reduce_max
 
 TERMINATING = threading.Event()  # this process got SIGTERM while training
 TRAINING = threading.Event()  # the training loop runs in this process: a SIGTERM outside it ends the process

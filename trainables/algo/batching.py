@@ -1,7 +1,7 @@
 """Micro-batches sized by tokens (verl's dynamic batch size): rows grouped so that a micro-batch's padded
 size, rows x its longest row, stays within a budget.
 
-The learner's loss is normalised by global counts (`trainables.losses.aggregate_loss`), so any grouping
+The learner's loss is normalised by global counts (`trainables.algo.losses.aggregate_loss`), so any grouping
 of the rows gives the same loss and gradient: only memory and padding change.
 """
 

@@ -1,5 +1,5 @@
 """A trial's checkpoints through Ray Train: every rank writes and seals its part, and a resume restores
-the latest intact one, falling back to older ones (layout and trust: trainables/checkpoint.py)."""
+the latest intact one, falling back to older ones (layout and trust: trainables/runtime/checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import ray
 import torch
 
-from trainables.checkpoint import (TRIAL_STATE, TrialState, first_intact, rank_file, read_rank_state, read_record,
+from trainables.runtime.checkpoint import (TRIAL_STATE, TrialState, first_intact, rank_file, read_rank_state, read_record,
                                    rng_state, saved_world_size, set_rng_state, write_manifest)
-from trainables.errors import CheckpointError, write_failure
+from trainables.runtime.errors import CheckpointError, write_failure
 
 
 def save(learner, step: int, rank: int, world: int, trial_state: dict, metrics: dict[str, float],
