@@ -107,9 +107,11 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
     values; the base validation as step 0; the legend below the panels.
     False (no file) when no trial has any of the metrics."""
     plt = pyplot()
-    present = [k for k in keys if any(k in r.data.metrics for r in trials)]
-    if not present:
+    curves = {k: [history(client, run, k) for run in trials] for k in keys if any(k in r.data.metrics for r in trials)}
+    if not curves:
         return False
+    titles = panel_titles(curves)
+    present = list(titles)
     columns = min(2, len(present))
     rows = -(-len(present) // columns)
     height = 3.8 * rows
@@ -118,10 +120,10 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
     styles = ["-", "--", "-.", ":"]
     for ax, key in zip(axes.flat, present):
         seen: dict[str, int] = {}
-        for run in trials:
+        for run, curve in zip(trials, curves[key]):
             config = run.data.tags.get("config", run.info.run_name)
             seen[config] = seen.get(config, 0) + 1
-            steps, values = with_base(run, key, *history(client, run, key))
+            steps, values = with_base(run, key, *curve)
             pruned = run.data.tags.get("state") == "pruned"
             color, style = f"C{configs.index(config) % 10}", styles[(seen[config] - 1) % 4]
             if len(steps) >= SMOOTH_FROM:  # noisy per-step values: faint, under their smoothed curve
@@ -130,7 +132,7 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
             ax.plot(steps, values, color=color, linestyle=style, marker="x" if pruned else ("." if len(steps) < 40 else None),
                     markevery=[len(steps) - 1] if pruned and len(steps) >= SMOOTH_FROM else None,
                     label=label(run, searched) + (" (pruned)" if pruned else ""))
-        ax.set_title(key, fontsize=10)
+        ax.set_title(titles[key], fontsize=10)
         ax.set_xlabel("RL step")
         ax.set_ylabel(key.rsplit("/", 1)[-1])
         ax.grid(alpha=0.3)
@@ -145,6 +147,19 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def panel_titles(curves: dict[str, list]) -> dict[str, str]:
+    """One panel per distinct series: a metric whose every trial's curve equals an earlier one's (GRPO's
+    reward is its accuracy) shares that panel, named in its title. curves: {key: [(steps, values)] per trial}."""
+    titles: dict[str, str] = {}
+    for key, curve in curves.items():
+        same = next((k for k in titles if curves[k] == curve), None)
+        if same is None:
+            titles[key] = key
+        else:
+            titles[same] += f" = {key}"
+    return titles
 
 
 def legend_marks(tags: dict[str, str]) -> dict[str, str]:
@@ -200,23 +215,34 @@ def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[st
 
 def plot_temperatures(trials, searched: list[str], path: Path) -> None:
     """EAD paper, Fig. 1: the temperature each token position is decoded at, at the first and the last
-    RL step (EAD's s: 1 at the first rollout)."""
+    RL step (EAD's s: 1 at the first rollout). One pair of lines per configuration (its seeds decode
+    alike), to its last step; the legend below the axes."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    configs: dict[str, list] = {}
     for run in trials:
-        p = run.data.params
+        configs.setdefault(run.data.tags.get("config", run.info.run_name), []).append(run)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, (config, runs) in enumerate(configs.items()):
+        p = runs[0].data.params
         decoding = DecodingConfig.model_validate(unflatten(p, "rollout.decoding."))
         positions = torch.arange(int(p.get("rollout.max_new_tokens", 64)))
-        last = int(run.data.metrics.get("progress/step", 1))  # where the trial stopped (the scheduler)
+        last = max(int(r.data.metrics.get("progress/step", 1)) for r in runs)  # where it stopped (the scheduler)
+        params = " ".join(f"{k}={v}" for k, v in short_params({k: p.get(k) for k in searched}).items())
+        name = params if len(configs) > 1 and params else label(runs[0], searched)
         for step, style in ((1, "-"), (last, "--")):
             ax.plot(positions, SCHEDULES[decoding.schedule](positions, step, **decoding.schedule_params()), style,
-                    label=f"{label(run, searched)}, step {step}")
+                    color=f"C{i % 10}", label=f"{name}, step {step}")
     ax.set_xlabel("token position t")
     ax.set_ylabel("temperature")
     ax.set_title("decoding temperature (solid: first step, dashed: last)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    save(fig, path)
+    handles, labels = ax.get_legend_handles_labels()
+    legend_inches = 0.3 + 0.15 * -(-len(labels) // 2)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)  # below: clear of the lines
+    fig.set_figheight(3.8 + legend_inches)
+    fig.tight_layout(rect=(0, legend_inches / (3.8 + legend_inches), 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def evaluations(client, trials, experiment_id: str) -> list[tuple[str, dict]]:

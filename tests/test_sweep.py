@@ -364,6 +364,15 @@ def test_smoothing_is_tensorboards_debiased_average():
     assert report.smoothed([0.0, 1.0, 1.0], weight=0.5) == pytest.approx([0.0, 0.5 / 0.75, 0.75 / 0.875])
 
 
+def test_a_metric_equal_to_another_on_every_trial_shares_its_panel():
+    """GRPO's reward is its accuracy: one panel, titled with both; a curve that differs on one trial keeps its own."""
+    a, b = ([1, 2], [0.1, 0.2]), ([1, 2], [0.3, 0.4])
+    titles = report.panel_titles({"rollout/reward_mean": [a, b], "rollout/accuracy": [a, b],
+                                  "policy/entropy": [a, a], "other": [a, ([1, 2], [0.3, 0.5])]})
+    assert titles == {"rollout/reward_mean": "rollout/reward_mean = rollout/accuracy", "policy/entropy": "policy/entropy",
+                      "other": "other"}
+
+
 def test_the_legend_names_the_baseline_the_best_and_the_final_model():
     assert report.legend_marks({"baseline": "a", "selected_best": "b", "best_trial": "a", "other": "c"}) == {
         "a": "baseline & final model", "b": "best"}
