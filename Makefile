@@ -42,11 +42,16 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VPY) -m pytest -o addopts=-ra tests/vllm_backend
 
+# TRL for the bench's peers row only (bench/peers.py); never a dependency of the product.
+$(VENV)/.bench: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $@
+
 # The system's own costs as ratios with targets (docs/performance.md); --quick is CI's reduced run.
-bench: setup
+bench: $(VENV)/.bench
 	$(PY) -m bench
 
-bench-quick: setup
+bench-quick: $(VENV)/.bench
 	$(PY) -m bench --quick
 
 # EAD's cost in the vLLM engine (and the HF rows again), in the vLLM environment.

@@ -14,6 +14,8 @@ noise), checked against its target, printed as one table and written as JSON:
            and how soon a command refuses a bad spec (a fresh process, median of three);
   learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
            response token over one fp32 logits row at V = 151,936, and update tokens/s;
+  peers    TRL's GRPOTrainer against one trial of this project on the same work (bench/peers.py): s per
+           RL step and start-up, ours over TRL's, paired runs in alternating order;
   decisions the sweep's decision procedure on simulated configurations of known truth (bench/decisions.py):
            error rates, the chance the truly best is pruned or confirmed, and the compute spent, old
            procedure beside new; `python -m bench decisions` runs this section alone.
@@ -35,7 +37,7 @@ from pathlib import Path
 from orchestrator.console import console, number_table
 from orchestrator.tracking import tags_filter
 
-SECTIONS = ("sweep", "engines", "trials", "learner", "decisions")
+SECTIONS = ("sweep", "engines", "trials", "peers", "learner", "decisions")
 ALGORITHMS = ("grpo", "luffy", "oger")
 # row -> (direction, target); None: reported, no target
 TARGETS: dict[str, tuple[str, float] | None] = {
@@ -55,6 +57,8 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "weight sync / step": ("<=", 0.05),
     "checkpoint / its interval": ("<=", 0.05),
     "report + logging / wall": ("<=", 0.02),
+    "peers: s per RL step, ours / TRL": ("<=", 0.85),
+    "peers: start-up, ours / TRL": ("<=", 2.0),
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
     "default sweep trial compute / wall": None,
     "default sweep wall (min)": ("<=", 12.0),
@@ -186,6 +190,16 @@ def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tu
     return rows, {"algorithms": figures, "ratios": ratios}
 
 
+def peer_rows(spec: str, storage: Path, steps: int, quick: bool, overrides: list[str]) -> tuple[dict, dict]:
+    from bench.peers import peers_figures
+
+    rounds = 1 if quick else 2
+    console.print(f"[bold]peers[/bold]: TRL's GRPOTrainer and one trial, {steps} steps each, {rounds} round(s)")
+    figures = peers_figures(spec, storage, steps, rounds, overrides)
+    return {"peers: s per RL step, ours / TRL": figures["ours / trl, s per step"],
+            "peers: start-up, ours / TRL": figures["ours / trl, start-up"]}, figures
+
+
 def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
     from bench.learner import learner_figures, push_figures
     from trainables.data.models import resolve_model_path
@@ -306,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             found, details["learner"] = learner_rows(cfg, args.quick)
         elif section == "decisions":
             found, details["decisions"] = decision_rows(args.quick)
+        elif section == "peers":
+            found, details["peers"] = peer_rows(args.spec, storage / "peers", steps, args.quick, args.overrides)
         else:
             found, details["trials"] = trial_rows(args.spec, storage / "trials", steps, args.overrides)
         rows.update(found)

@@ -103,3 +103,24 @@ def test_a_simulated_rate_passes_within_twice_its_monte_carlo_error():
     finally:
         MC_SE.pop(row)
     assert verdict(row, 0.051) == "FAIL"  # without its error, the target alone
+
+
+def test_the_peers_row_gives_both_sides_the_same_work():
+    """TRL's side is handed the prompts this project's trial reads, in its order, as text whose tokens are
+    the trial's prompt ids; the trial's side is GRPO at a fixed T = 1 with one optimizer step per RL step."""
+    from transformers import AutoTokenizer
+
+    from bench.peers import our_overrides, trl_inputs
+    from orchestrator.spec import load_trial_spec
+    from trainables.tasks import train_problems
+    from trainables.trial import step_prompts
+
+    cfg = load_trial_spec("search_spaces/ead.yaml", our_overrides(3, "runs/bench", "peers"))
+    assert (cfg.algorithm.name, cfg.rollout.decoding.schedule, cfg.rollout.decoding.temperature) == ("grpo", "fixed", 1.0)
+    assert cfg.learner.minibatches == 1 and cfg.validation.every == 0 and cfg.algorithm.kl_coef == 0
+    work = trl_inputs(cfg)
+    problems = train_problems(cfg)
+    first = [problems[i] for i in step_prompts(len(problems), 0, cfg.learner.prompts_per_step, 0, 1, cfg.seed)]
+    assert len(work["prompts"]) == 3 * cfg.learner.prompts_per_step and work["answers"][:8] == [p.answer for p in first]
+    tokenizer = AutoTokenizer.from_pretrained(work["model_path"])
+    assert [tokenizer(t, add_special_tokens=False)["input_ids"] for t in work["prompts"][:8]] == work["ids"]
