@@ -206,7 +206,7 @@ def run(spec: str, args) -> int:
     experiment.write_report(exp)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
     console.print(f"MLflow: {tracking.ui_hint(exp.tracking_uri)}", soft_wrap=True)
-    if view := exp.tracker.trials_view(exp.name, search.metric):
+    if view := exp.tracker.trials_view(exp.name, search.metric, list(search.space)):
         console.print(f"  and open {view}", soft_wrap=True)
     return 0
 

@@ -20,6 +20,7 @@ import yaml
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
+from orchestrator import view
 from orchestrator.inputs import SpecError
 from trainables.config import TrialConfig
 
@@ -181,17 +182,6 @@ def tags_filter(**tags: str) -> str:
     return " and ".join(f"tags.{key} = {quoted(str(value))}" for key, value in tags.items())
 
 
-def trials_view(experiment_id: str, sweep: str, metric: str, server: str = "http://127.0.0.1:5000") -> str:
-    """The MLflow UI's chart view of one sweep's trial runs, side by side and ranked by `metric`: in
-    its model-training mode (it opens on GenAI otherwise), sorted by the metric (sorting by start time
-    would fold the trials under their sweep's run)."""
-    query = urllib.parse.urlencode({
-        "workflowType": "machine_learning", "searchFilter": tags_filter(sweep=sweep, kind="trial"),
-        "orderByKey": f"metrics.`{metric}`", "orderByAsc": "false", "compareRunsMode": "CHART"},
-        quote_via=urllib.parse.quote)
-    return f"{server}/#/experiments/{experiment_id}/runs?{query}"
-
-
 class Tracker:
     """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them.
 
@@ -225,9 +215,21 @@ class Tracker:
                     self.client.set_experiment_tag(self._experiment_id, *BESIDE)  # made before folders moved
         return self._experiment_id
 
-    def trials_view(self, sweep: str, metric: str) -> str | None:
-        """`trials_view` of a sweep in this store, once a call has found the experiment (none made here)."""
-        return self._experiment_id and trials_view(self._experiment_id, sweep, metric)
+    def trials_view(self, sweep: str, metric: str, params: list[str], server: str = "http://127.0.0.1:5000") -> str | None:
+        """The link a sweep prints: the MLflow UI on a view of the sweep's trial runs (`orchestrator.view`),
+        saved in the experiment; None before a call has found the experiment, or where it cannot be saved."""
+        if not self._experiment_id:
+            return None
+        return self._retried("saving the sweep's view in MLflow", self._save_view, sweep, metric, params, server)
+
+    def _save_view(self, sweep: str, metric: str, params: list[str], server: str) -> str:
+        trials = tags_filter(sweep=sweep, kind="trial")
+        runs = self.client.search_runs([self._experiment_id], trials, max_results=1)
+        logged = sorted(runs[0].data.metrics) if runs else []
+        charts = [m for m in (f"{metric}_se", "rollout/accuracy", "policy/entropy") if m in logged]
+        tag, value = view.saved_view(view.sweep_view(metric, charts, logged, params, trials), f"sweep {sweep}")
+        self.client.set_experiment_tag(self._experiment_id, tag, value)
+        return view.view_link(server, self._experiment_id, tag)
 
     def _retried(self, what: str, fn, *args, **kwargs):
         for attempt, wait in enumerate((*self.retry_waits_s, None)):

@@ -3,6 +3,7 @@ metrics and artifacts are buffered while a real tracking server is down and sent
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 
 import pytest
@@ -70,22 +71,37 @@ def test_storage_paths_with_quotes_are_tracked_like_any_other(tmp_path, folder):
     assert tracker.start_trial_run(cfg, resume=True) == run_id  # the resume finds the run by its path
 
 
-def test_the_trials_view_finds_one_sweeps_trial_runs_unfolded(tmp_path):
-    """The link a sweep prints: the MLflow UI in model-training mode, filtered to the sweep's trial runs
-    (the filter MLflow's own search accepts), sorted by the objective (so the UI lists them flat)."""
+def test_the_trials_view_is_a_view_saved_in_the_experiment(tmp_path):
+    """The link a sweep prints opens the MLflow UI's runs page on a view saved as an experiment tag: the
+    sweep's trial runs (a filter MLflow's own search accepts), ranked by the objective, grouped by
+    configuration, its chart first and the other sections folded, the searched parameters as columns."""
+    from orchestrator import view
+
     tracker = Tracker(default_tracking_uri(str(tmp_path)), "rlvr-explore")
-    assert tracker.trials_view("ead", "val/accuracy") is None  # no call made to find the experiment
+    assert tracker.trials_view("ead", "val/accuracy", ["lr"]) is None  # no call made to find the experiment
     parent = tracker.client.create_run(tracker.experiment_id, tags={"kind": "sweep", "sweep": "ead"}).info.run_id
     for sweep in ("ead", "ead", "other"):
-        tracker.client.create_run(tracker.experiment_id, tags={"kind": "trial", "sweep": sweep,
-                                                               "mlflow.parentRunId": parent})
-    url = urllib.parse.urlsplit(tracker.trials_view("ead", "val/accuracy"))
+        run = tracker.client.create_run(tracker.experiment_id, tags={"kind": "trial", "sweep": sweep,
+                                                                     "mlflow.parentRunId": parent})
+        for key in ("val/accuracy", "val/accuracy_se", "policy/entropy", "timing/step"):
+            tracker.client.log_metric(run.info.run_id, key, 0.5, step=1)
+    url = urllib.parse.urlsplit(tracker.trials_view("ead", "val/accuracy", ["lr"]))
     path, query = url.fragment.split("?")
     assert path == f"/experiments/{tracker.experiment_id}/runs"
     params = dict(urllib.parse.parse_qsl(query))
-    assert params["workflowType"] == "machine_learning" and params["compareRunsMode"] == "CHART"
-    assert params["orderByKey"] == "metrics.`val/accuracy`" and params["orderByAsc"] == "false"
-    assert len(tracker.client.search_runs([tracker.experiment_id], params["searchFilter"])) == 2
+    assert params["compareRunsMode"] == "CHART"
+    saved = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[
+        view.TAG_PREFIX + params["viewStateShareKey"]])
+    assert saved["name"] == "sweep ead"
+    state = json.loads(saved["state"])
+    assert len(tracker.client.search_runs([tracker.experiment_id], state["searchFilter"])) == 2
+    assert state["orderByKey"] == "metrics.`val/accuracy`" and state["orderByAsc"] is False
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["val/accuracy", "val/accuracy_se", "policy/entropy"]
+    assert [s["display"] for s in state["compareRunSections"]] == [True, False, False, False, False]
+    assert [s["name"] for s in state["compareRunSections"][1:]] == ["policy", "timing", "val", "System metrics"]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "config"}]
+    assert state["selectedColumns"][:2] == ["metrics.`val/accuracy`", "params.`lr`"]
+    assert state["runsHiddenMode"] == "SHOW_ALL"
 
 
 def test_unflatten_nests_one_section_of_flattened_params_again():
