@@ -10,9 +10,10 @@ this project runs the rollout service and the verifier as Ray actors, the learne
 with transformers in the trainer's own process, under accelerate. TRL is never a dependency of the
 product: it is in the `bench` extra.
 
-Start-up is timed from the call that starts the run (ours: `orchestrator.train.run`, with Ray, the
-actors, the worker group and DeepSpeed; TRL: the trainer's construction and `train()`) to the start of
-the first RL step; the Python imports of the calling process are done before either clock starts.
+Start-up is timed to the start of the first RL step: ours from the call to `orchestrator.train.run`
+(Ray, the actors, the worker group, whose processes import torch, transformers and DeepSpeed, and
+DeepSpeed's engine; the bench's own process has imported the project before), TRL's from its process's
+start (its imports of torch, transformers and TRL, the model, the trainer).
 `python -m bench.peers trl ARGS.json` is TRL's side, run in a fresh process.
 """
 
@@ -67,6 +68,7 @@ def trl_inputs(cfg) -> dict:
 
 def trl_main(args_path: str) -> None:
     """TRL's GRPOTrainer on `args_path`'s work; prints {"step_s": [...], "startup_s": s} as JSON."""
+    start = time.perf_counter()  # the process's start, before its imports
     import torch
 
     torch.set_num_threads(1)
@@ -103,7 +105,6 @@ def trl_main(args_path: str) -> None:
         num_iterations=1, shuffle_dataset=False, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         seed=a["seed"], use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=1,
         disable_tqdm=True, dataloader_num_workers=0)
-    start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(a["model_path"], dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": a["prompts"], "answer": a["answers"]}),
