@@ -33,8 +33,9 @@ tracker = Tracker(f"sqlite:///{storage}/mlflow.db", "rlvr-explore")
 metric = yaml.safe_load(parent.data.params.get("search.metric", "null")) or "val/accuracy"
 trials = tracker.client.search_runs([tracker.experiment_id], tags_filter(kind="trial", sweep=sweep, stage="select"))
 trial = next((t for t in trials if t.data.tags.get("state") == "pruned"), trials[0])  # its page says why
+searched = [k.removeprefix("best.") for k in parent.data.params if k.startswith("best.")]
 print(tracker.experiment_id, parent.info.run_id, trial.info.run_id,
-      tracker.trials_view(sweep, metric).replace("127.0.0.1:5000", f"127.0.0.1:{port}"))
+      tracker.trials_view(sweep, metric, searched, server=f"http://127.0.0.1:{port}"))
 PY
 )
 shot() {  # NAME URL
@@ -43,7 +44,7 @@ shot() {  # NAME URL
   echo "$OUT/$1.png  <- $2"
 }
 ML="http://127.0.0.1:$MLFLOW_PORT/#/experiments/$EXPERIMENT"
-# The sweep's trial runs side by side, ranked: the link the sweep prints at its end.
+# The view the sweep's link opens (saved in the experiment): trial runs grouped by configuration, ranked.
 shot mlflow-charts "$VIEW"
 shot mlflow-runs "${VIEW/compareRunsMode=CHART/compareRunsMode=TABLE}"
 shot mlflow-trial "$ML/runs/$TRIAL?workflowType=machine_learning"
