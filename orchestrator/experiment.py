@@ -1,6 +1,6 @@
 """What a sweep and a study share: a Ray Tune experiment whose trials are configurations, each trained
-with R seeds (`orchestrator.seeds`), recorded in MLflow under one parent run, stoppable by SIGTERM and
-resumable with `--resume`; and each configuration's summary (mean and 95% interval over its seeds).
+with R seeds (the Tune trial: `orchestrator.seeds`), recorded in MLflow under one parent run,
+stoppable by SIGTERM and resumable with `--resume`. What it concludes is `orchestrator.summary`'s.
 """
 
 from __future__ import annotations
