@@ -357,7 +357,9 @@ def save(fig, path: Path) -> None:
 
 
 def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], images: list[str],
-             importance: dict[str, float], notes: list[str], configurations: str | None = None) -> str:
+             importance: dict[str, float], notes: list[str], configurations: str | None = None,
+             importance_over: int = 0) -> str:
+    """report.md; `importance_over`: how many configurations that ran to the end the importances rest on."""
     lines = [f"# {title}", ""]
     if configurations:
         lines += ["## Configurations: mean and 95% interval over seeds, and the verdict", "",
@@ -371,7 +373,9 @@ def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], 
                *short_params({k: run.data.params.get(k, "-") for k in searched}).values()]
         lines.append("| " + " | ".join(row) + " |")
     if importance:
-        lines += ["", "## Parameter importance (Optuna, fANOVA)", "", "| parameter | importance |", "|---|---|"]
+        lines += ["", "## Parameter importance (Optuna, fANOVA)", "",
+                  f"Over the {importance_over} configuration(s) that ran to the end: with few, a rough guide.", "",
+                  "| parameter | importance |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in importance.items()]
     lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images]
     if notes:
@@ -442,7 +446,8 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     elif sweep:
         notes.append("parameter importance needs at least two finished trials with different settings")
     configurations = sweep_table(client, anchor) if sweep else None
-    text = markdown(title, trials, searched, shown, images, importance, notes, configurations)
+    finished = sum(t.state.name == "COMPLETE" for t in study.trials) if study else 0
+    text = markdown(title, trials, searched, shown, images, importance, notes, configurations, finished)
     (report / "report.md").write_text(text)
     (report / "report.html").write_text(html_page(text, report))
     client.log_artifacts(anchor.info.run_id, str(report), "report")

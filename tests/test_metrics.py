@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from trainables.data.arithmetic import make_splits
 from trainables.data.offline import build_store, builtin_rows
 from trainables.metrics import PLACEHOLDERS, documented, markdown
@@ -56,3 +58,23 @@ def test_the_readme_table_is_generated_from_the_code():
     text = README.read_text()
     table = re.search(r"<!-- metrics: python -m trainables.metrics -->\n(.*?)<!-- /metrics -->", text, re.S)
     assert table is not None and table.group(1) == markdown()
+
+
+def test_the_validation_curve_draws_a_standard_error_as_its_metrics_band(monkeypatch):
+    """A trial's validation_curve.png: val/accuracy a line with its 95% band from val/accuracy_se, never the
+    standard error as a line on the accuracy axis; the CSV keeps every value."""
+    import matplotlib.axes
+
+    from trainables.runtime.artifacts import validation_curve
+
+    lines, bands = [], []
+    plot, fill = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.fill_between
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: lines.append(k["label"]) or plot(ax, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
+                        lambda ax, x, low, high, **k: bands.append((list(low), list(high))) or fill(ax, x, low, high, **k))
+    history = [(0, {"val/accuracy": 0.2, "val/accuracy_se": 0.01, "val/response_length": 20.0}),
+               (10, {"val/accuracy": 0.4, "val/accuracy_se": 0.02, "val/response_length": 18.0})]
+    csv, png = validation_curve(history, "trial")
+    assert lines == ["accuracy", "response_length"]
+    assert bands == [(pytest.approx([0.2 - 0.0196, 0.4 - 0.0392]), pytest.approx([0.2 + 0.0196, 0.4 + 0.0392]))]
+    assert csv.splitlines()[0] == "step,val/accuracy,val/accuracy_se,val/response_length" and png[:4] == b"\x89PNG"

@@ -23,7 +23,8 @@ def rollout_samples_jsonl(step: int, questions: list[str], golds: list[str], tex
 
 def validation_curve(history: list[tuple[int, dict[str, float]]], title: str) -> tuple[str, bytes]:
     """(CSV, PNG) of val/* against the RL step; step 0 is the base policy. One panel per benchmark
-    (its avg@k, pass@k, maj@k, worst@k), one for the overall accuracy, one for response lengths."""
+    (its avg@k, pass@k, maj@k, worst@k), one for the overall accuracy (its standard error drawn as a
+    95% band, not a line), one for response lengths."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on workers
@@ -40,9 +41,14 @@ def validation_curve(history: list[tuple[int, dict[str, float]]], title: str) ->
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2), squeeze=False)
     steps = [s for s, _ in history]
     for ax, (panel, members) in zip(axes[0], panels.items()):
-        for key in members:
+        for key in (k for k in members if not k.endswith("_se")):  # a standard error is its metric's band
             label = key.removeprefix("val/") if panel in ("overall", "response length") else key.split("/")[-1]
-            ax.plot(steps, [m.get(key, float("nan")) for _, m in history], marker="o", label=label)
+            values = [m.get(key, float("nan")) for _, m in history]
+            line, = ax.plot(steps, values, marker="o", label=label)
+            if f"{key}_se" in keys:
+                half = [1.96 * m.get(f"{key}_se", float("nan")) for _, m in history]
+                ax.fill_between(steps, [v - h for v, h in zip(values, half)], [v + h for v, h in zip(values, half)],
+                                color=line.get_color(), alpha=0.2, linewidth=0, label=f"{label} 95% (validation SE)")
         ax.set_xlabel("RL step")
         ax.set_title(panel)
         ax.grid(alpha=0.3)
