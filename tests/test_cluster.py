@@ -1,12 +1,13 @@
 """A multi-node Ray cluster on one machine (`ray.cluster_utils.Cluster`: a head and a worker raylet), used
 the way spot GPU nodes are: the worker node drained with a preemption notice, SIGTERM to a learner's
-process, the worker node taken away mid-sweep and replaced. The learner ranks and the engines sit on the
+process, the worker node taken away at each moment of a sweep's life and replaced. The learner ranks and the engines sit on the
 worker node (custom resource `spot`), the trial drivers on the head. Every interrupted run must end with
 the uninterrupted run's metric history, bit for bit, having lost no trial.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from orchestrator.launch import check_shared_storage
 
 SPOT = ["learner.resources={spot: 1}", "rollout.resources={spot: 1}"]  # two ranks and one engine per node
 WORKER = {"num_cpus": 3, "resources": {"spot": 3}}
+TRIAL_STEPS = 5  # faults.TRIAL's learner.steps
 ENV = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}  # Ray Train's drain watcher (5 s by default) within a step
 
 
@@ -117,21 +119,48 @@ def test_sigterm_to_a_learner_process_checkpoints_then_restarts(cluster, referen
     assert 3 <= resumed_from <= 4
 
 
+# The moments a sweep's spot node can vanish, in the order a sweep of two trials meets them; each is found
+# from the sweep's own progress (MLflow's steps, Ray Train's committed checkpoints, the runs it has made),
+# and the node is replaced after each: one sweep loses its node four times.
+NODE_KILLS = {
+    "first_trial_mid_step": lambda s: logged_steps(s)[:1] >= [2],  # step 3 under way
+    "first_trial_after_its_last_step": lambda s: logged_steps(s)[:1] >= [TRIAL_STEPS],
+    "between_configurations": lambda s: closed_finished(s) >= 1,
+    "second_trial_after_a_checkpoint": lambda s: logged_steps(s)[1:2] >= [3] and committed(s)[1:2] >= [1],
+}
+
+
+def closed_finished(storage: Path) -> int:
+    """Trial runs the sweep has closed as finished (its Tune callback, once Tune recorded the trial)."""
+    try:
+        return sum(r.data.tags.get("state") == "finished" for r in runs(storage))
+    except Exception:  # noqa: BLE001 - the store is still being created
+        return 0
+
+
 @pytest.mark.slow
-def test_a_sweep_loses_no_trial_when_its_spot_node_vanishes(cluster, reference, tmp_path):
-    """Two trials; the second (the reference's settings) loses its node after its first checkpoint. Its
-    driver, on the head, lives on; its ranks and engine come back on the replacement node."""
+def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, reference, tmp_path):
+    """Two trials, the second with the reference's settings; the node of their ranks and engines is
+    taken away at each moment of NODE_KILLS and replaced. The driver, on the head, lives on: every trial
+    ends finished in MLflow, Optuna and Tune, each step logged once, the second's history the
+    uninterrupted one bit for bit."""
     driver = command("sweep", tmp_path, spec=str(sweep_spec(tmp_path)), flags=("--name", "s", "--num-samples", "2"))
-    wait_until(lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1], driver)
-    replace(cluster, spot_node(cluster))
-    finish(driver)
+    for moment, ready in NODE_KILLS.items():
+        wait_until(lambda: ready(tmp_path), driver)
+        replace(cluster, spot_node(cluster))
+    out = finish(driver)
     trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)}
-    assert sorted(trials) == ["1.0", "1.2"]
+    assert sorted(trials) == ["1.0", "1.2"], out[-3000:]
     assert {(r.data.tags["state"], r.info.status) for r in trials.values()} == {("finished", "FINISHED")}
+    for run in trials.values():
+        assert [s for s, _ in history(tmp_path, run)["progress/step"]] == list(range(1, TRIAL_STEPS + 1))
     assert history(tmp_path, trials["1.2"]) == reference
     assert fault_metrics(tmp_path, trials["1.2"])["faults/resumed_from_step"]  # it did lose its node
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'optuna.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    tune = [json.loads(line) for p in sorted((tmp_path / "s" / "tune").glob("trainable_*/result.json"))
+            for line in p.read_text().splitlines()[-1:]]
+    assert [r["progress/step"] for r in tune] == [TRIAL_STEPS] * 2  # Tune's record: each at its last step
 
 
 def test_a_folder_on_one_machine_serves_a_cluster_on_one_machine(cluster, tmp_path):
