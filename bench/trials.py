@@ -15,9 +15,10 @@ import time
 from orchestrator import train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
+from trainables.metrics import PLACEHOLDERS
 
 COMPUTE = ("generate", "score", "old_logprob", "offline", "update")  # the model's work
-STARTUP = ("workers", "data", "learner", "restore_and_sync")  # timing/startup_<stage>
+STARTUP = PLACEHOLDERS["stage"]  # timing/startup_<stage>, in order
 KEYS = (*COMPUTE, "sync", "step", "report", "checkpoint", "startup", *(f"startup_{s}" for s in STARTUP),
         "loop_wall", "logging", "encoder")
 WARMUP_STEPS = 2

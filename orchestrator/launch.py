@@ -183,14 +183,16 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking_uri: str | None, r
     from trainables.rollout.service import remove_engine_group, start_rollout_engines
     from trainables.trial import TrialInputs, train_loop_per_worker
 
+    started_at = started_at or time.time()
     engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)
     verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:
+        inputs = TrialInputs(cfg, str(model_path), engines, verifier, tracking_uri, run_id, store, embedder,
+                             stop_file, started_at, fit_at=time.time())
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"inputs": TrialInputs(cfg, str(model_path), engines, verifier, tracking_uri, run_id,
-                                                     store, embedder, stop_file, started_at or time.time())},
+            train_loop_config={"inputs": inputs},
             torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker=worker_resources(cfg)),

@@ -29,7 +29,7 @@ def history(steps: int, checkpoint_every: int) -> dict[str, dict[int, float]]:
         wall += 0.02 + 0.01 + saved
         logged += 0.01
     h["startup"][1] = 12.0
-    for stage, seconds in zip(STARTUP, (5.0, 1.0, 4.0, 2.0)):
+    for stage, seconds in zip(STARTUP, (1.0, 3.0, 1.0, 1.0, 4.0, 2.0)):
         h[f"startup_{stage}"][1] = seconds
     return h
 
@@ -46,7 +46,8 @@ def test_steady_figures_split_compute_from_overhead():
     assert f["sync_share_of_step"] == pytest.approx(0.05 / 1.1)
     assert f["phase_share_of_step"]["other"] == pytest.approx(0.05 / 1.1)
     assert f["startup_s"] == 12.0
-    assert f["startup_stages_s"] == {"workers": 5.0, "data": 1.0, "learner": 4.0, "restore_and_sync": 2.0}
+    assert f["startup_stages_s"] == {"ray": 1.0, "worker_imports": 3.0, "train_setup": 1.0, "data": 1.0, "learner": 4.0,
+                                     "restore_and_sync": 2.0}
 
 
 def test_verdicts_follow_each_target_direction():

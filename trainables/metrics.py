@@ -65,7 +65,7 @@ METRICS: dict[str, str] = {
     "timing/tokens_per_s": "response tokens of the step per second of the step",
     "timing/encoder": "oger*: the encoder actor's busy seconds in the step, every rank's texts",
     "timing/startup": "at the first step: the driver's start to the first step",
-    "timing/startup_<stage>": "its stages: workers, data, learner, restore_and_sync",
+    "timing/startup_<stage>": "its stages: ray, worker_imports, train_setup, data, learner, restore_and_sync",
     "timing/loop_wall": "cumulative seconds of the training loop",
     "timing/logging": "cumulative seconds rank 0 spent logging",
     # Progress and faults.
@@ -86,7 +86,7 @@ PLACEHOLDERS: dict[str, tuple[str, ...] | str | None] = {
     "reason": REASONS,
     "phase": ("generate", "score", "old_logprob", "offline", "update", "sync", "validate", "report", "checkpoint",
               "step"),
-    "stage": ("workers", "data", "learner", "restore_and_sync"),
+    "stage": ("ray", "worker_imports", "train_setup", "data", "learner", "restore_and_sync"),  # in order
     "statistic": ("mean", "ci_low", "ci_high"),
     "count": ("read", "valid", "mean_tokens", "mean_tokens_read", "accuracy_before_filter"),
     "teacher": None,

@@ -40,6 +40,9 @@ from trainables.runtime.trial_log import TrialLog, startup_breakdown
 from trainables.validation import Validation
 from trainables.validation_cache import cached_base
 
+IMPORTED_AT = time.time()  # this process's import of the trial's code ended: the start-up's `worker_imports`
+
+
 @contextmanager
 def timed(timings: dict[str, float], key: str):
     start = time.perf_counter()
@@ -82,13 +85,15 @@ class TrialInputs:
     embedder: Any = None  # the encoder actor (oger*)
     stop_file: str | None = None  # its existence asks the trial to checkpoint and stop (SIGTERM)
     started_at: float | None = None  # the driver's time.time() when the trial began starting up
+    fit_at: float | None = None  # the driver's time.time() when it handed the trial to Ray Train
 
 
 class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
     def __init__(self, inputs: TrialInputs):
-        self.startup_marks = {"workers": time.time()}  # start-up stages' ends, from `started_at`
+        # The start-up stages' ends, from `started_at` (`startup_breakdown`), the first two the driver's.
+        self.startup_marks = {"ray": inputs.fit_at, "worker_imports": IMPORTED_AT, "train_setup": time.time()}
         ctx = ray.train.get_context()
         cfg, model_path, engines, verifier = inputs.cfg, inputs.model_path, inputs.engines, inputs.verifier
         self.cfg, self.verifier, self.store, self.embedder = cfg, verifier, inputs.store, inputs.embedder

@@ -11,10 +11,12 @@ LOGGED_KEYS = ("progress/step", "timing/validate")  # per-step metrics; and step
 
 def startup_breakdown(started_at: float | None, marks: dict[str, float]) -> dict[str, float]:
     """timing/startup (the driver's start, `started_at`, to the first step) and its stages, from the
-    time.time() each one ended (`marks`, in order): workers (Ray, the actors, Train's worker group,
-    imports), data, learner (model and DeepSpeed), restore_and_sync (checkpoint, first weight push).
-    The engines load meanwhile (their health's load_seconds)."""
-    if not started_at:
+    time.time() each one ended (`marks`, in order): ray (Ray's start, the actors asked for, the engines'
+    placement), worker_imports (Ray Train's controller and worker processes, up to the end of their
+    import of the trial's code), train_setup (to the train function: the process group), data, learner
+    (model and DeepSpeed), restore_and_sync (checkpoint, first weight push). The engines load meanwhile
+    (their health's load_seconds)."""
+    if not started_at or None in marks.values():
         return {}
     times = [started_at, *marks.values()]
     stages = {f"timing/startup_{name}": end - begin for name, begin, end in zip(marks, times, times[1:])}
