@@ -21,7 +21,8 @@ noise), checked against its target, printed as one table and written as JSON:
            procedure beside new; `python -m bench decisions` runs this section alone.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
-full run takes about 7 minutes on 2 cores. docs/performance.md explains the cost model.
+full run took about 7 minutes on 2 cores before the peers row, which adds about 2.5 (145 s measured alone).
+docs/performance.md explains the cost model.
 """
 
 from __future__ import annotations
