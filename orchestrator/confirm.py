@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator import experiment
 from orchestrator.console import console, short_params
-from orchestrator.decisions import Confirmation, confirm, looks
 from orchestrator.cli import ExperimentFailed
+from orchestrator.decisions import Confirmation, confirm, looks
 from orchestrator.experiment import RUNNING, Experiment
-from orchestrator.seeds import hold_if_preempted, run_name
-from orchestrator.summary import ConfigSummary
 from orchestrator.launch import load_offline
-from orchestrator.seeds import SeedGroup, seed_configs
+from orchestrator.seeds import SeedGroup, hold_if_preempted, run_name, seed_configs
 from orchestrator.spec import ConfirmConfig, apply_overrides
+from orchestrator.summary import ConfigSummary
 from orchestrator.tracking import Tracker
 from trainables.config import TrialConfig
 from trainables.data.models import resolve_model_path

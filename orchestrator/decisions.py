@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from orchestrator.stats import POWER, seed_interval
+from orchestrator.stats import seed_interval
 
 ALPHA = 0.05
 SPENDING = ("obrien-fleming", "pocock")
