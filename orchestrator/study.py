@@ -181,7 +181,7 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
              sorted({k for r in runs for k in r.data.metrics if k == study.metric or PASS_AT.fullmatch(k)}
                     | set(CURVES))}
     final = {k: v for k, v in final.items() if v and all(x is not None for x in v)}
-    se = [r.data.metrics.get(experiment.SE_KEY) for r in runs]
+    se = [r.data.metrics.get(tune_trial.SE_KEY) for r in runs]
     curves, steps = {}, []
     for key in (study.metric, *CURVES):
         # The base policy's validation is the curve's step 0 (`report.with_base`: also for runs recorded
