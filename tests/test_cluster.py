@@ -139,14 +139,15 @@ def closed_finished(storage: Path) -> int:
 
 
 @pytest.mark.slow
-def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, reference, tmp_path):
+@pytest.mark.parametrize("moments", ["+".join(NODE_KILLS)], ids=str)  # the test id names the kill points
+def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, reference, tmp_path, moments):
     """Two trials, the second with the reference's settings; the node of their ranks and engines is
     taken away at each moment of NODE_KILLS and replaced. The driver, on the head, lives on: every trial
     ends finished in MLflow, Optuna and Tune, each step logged once, the second's history the
     uninterrupted one bit for bit."""
     driver = command("sweep", tmp_path, spec=str(sweep_spec(tmp_path)), flags=("--name", "s", "--num-samples", "2"))
-    for moment, ready in NODE_KILLS.items():
-        wait_until(lambda: ready(tmp_path), driver)
+    for moment in moments.split("+"):
+        wait_until(lambda: NODE_KILLS[moment](tmp_path), driver)
         replace(cluster, spot_node(cluster))
     out = finish(driver)
     trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)}
