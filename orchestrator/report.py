@@ -162,6 +162,14 @@ def panel_titles(curves: dict[str, list]) -> dict[str, str]:
     return titles
 
 
+def by_config(trials) -> dict[str, list]:
+    """Configuration -> its seed runs, in the order they come (a run without the tag stands alone)."""
+    configs: dict[str, list] = {}
+    for run in trials:
+        configs.setdefault(run.data.tags.get("config", run.info.run_name), []).append(run)
+    return configs
+
+
 def legend_marks(tags: dict[str, str]) -> dict[str, str]:
     """Configuration -> what the sweep made of it: the baseline, the selection's best, the final model's."""
     return roles(tags.get("baseline"), tags.get("selected_best"), tags.get("best_trial"))
@@ -177,9 +185,7 @@ def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[st
     present = [k for k in keys if any(k in r.data.metrics for r in trials)]
     if not present:
         return False
-    configs: dict[str, list] = {}
-    for run in trials:
-        configs.setdefault(run.data.tags.get("config", run.info.run_name), []).append(run)
+    configs = by_config(trials)
     fig, axes = plt.subplots(1, len(present), figsize=(max(6.5, 5.6 * len(present)), 4.2), squeeze=False)
     for ax, key in zip(axes.flat, present):
         for i, (config, runs) in enumerate(configs.items()):
@@ -218,9 +224,7 @@ def plot_temperatures(trials, searched: list[str], path: Path) -> None:
     RL step (EAD's s: 1 at the first rollout). One pair of lines per configuration (its seeds decode
     alike), to its last step; the legend below the axes."""
     plt = pyplot()
-    configs: dict[str, list] = {}
-    for run in trials:
-        configs.setdefault(run.data.tags.get("config", run.info.run_name), []).append(run)
+    configs = by_config(trials)
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for i, (config, runs) in enumerate(configs.items()):
         p = runs[0].data.params
