@@ -19,15 +19,15 @@ from ray.tune import Callback
 
 from orchestrator.console import console, short_params
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
-from orchestrator.lease import Lease, check_settings
-from orchestrator.launch import check_shared_storage, init_ray, logical_cpus, storage_uri
+from orchestrator.lease import Lease
+from orchestrator.launch import claim_folder, logical_cpus, run_folder, start_cluster
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.scheduler import pruned_record
 from orchestrator.seeds import HORIZON_KEY, ended, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.models import resolve_model_path
+from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 STUDY_FILE = "optuna.db"
@@ -67,28 +67,24 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
         check_tracking_uri(tracking_uri, "--tracking-uri")
     if base_cfg.seed + seeds - 1 > SEED_MAX:
         raise SpecError(f"seed: {base_cfg.seed} with {seeds} seeds passes {SEED_MAX}, the largest seed")
-    uri = f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage_uri(storage)) / name)
+    uri = run_folder(storage, name)
     # The Optuna study and the summaries stay on a local disk when the experiment lives in a bucket.
     folder = Path(uri) if "://" not in storage else Path(".cache") / f"{kind}s" / name
-    check_resumable(uri, name, resume)
-    lease = Lease(uri)
-    lease.acquire(f"{kind} {name!r} in {storage}")
-    check_settings(uri, {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
-    folder.mkdir(parents=True, exist_ok=True)
-    if "://" in storage and resume:
-        fetch_study(folder, uri)
-    resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
     tracking_uri = tracking_uri or base_cfg.logging.tracking_uri
     if tracking_uri is None and "://" in storage:
         raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
                         f"http://HOST:5000 (the default sqlite store is a local file)")
     tracking_uri = tracking_uri or default_tracking_uri(storage)
-    init_ray(cpus_per_trial)
-    check_shared_storage(storage)
-    tracker = Tracker(tracking_uri, base_cfg.logging.experiment)
+    check_resumable(uri, name, resume)
+    lease = claim_folder(f"{kind} {name!r} in {storage}", storage, name,
+                         {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
+    folder.mkdir(parents=True, exist_ok=True)
+    if "://" in storage and resume:
+        fetch_study(folder, uri)
+    resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
+    tracker, stop = start_cluster(storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri,
+                                  experiment=base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    stop = StopRequest(uri)
-    stop.clear()
     exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease)
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))

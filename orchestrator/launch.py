@@ -10,14 +10,20 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator import MLFLOW_HTTP_ENV, TQDM_OFF_TERMINAL, WEIGHTS_ONLY_ENV
 from orchestrator.console import console
+from orchestrator.lease import Lease, check_settings
+from orchestrator.preempt import StopRequest
 from orchestrator.spec import SpecError
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
 from trainables.tasks import load_offline_store, train_problems
 from trainables.rewards.verify import score_batch
+
+if TYPE_CHECKING:
+    from orchestrator.tracking import Tracker
 
 
 # Environment of every Ray worker: DeepSpeed on CPU torch, quiet tokenizers, no hub access.
@@ -73,6 +79,33 @@ def init_ray(num_cpus: int) -> None:
         # about it every few seconds.
         ray.init(num_cpus=num_cpus, runtime_env={"env_vars": env}, include_dashboard=True,
                  dashboard_host="127.0.0.1", log_to_driver=True, logging_level=logging.WARNING)
+
+
+def run_folder(storage: str, name: str) -> str:
+    """Where a run named `name` keeps its records in `storage` (a folder or a URI)."""
+    return f"{storage_uri(storage).rstrip('/')}/{name}"
+
+
+def claim_folder(what: str, storage: str, name: str, settings: dict, *, resume: bool, force: bool) -> Lease:
+    """The first half of the preamble `train`, `sweep` and `study` share: hold the run folder's lease (one
+    writer at a time; released at exit) and check the settings recorded there against these."""
+    lease = Lease(run_folder(storage, name))
+    lease.acquire(what)
+    check_settings(run_folder(storage, name), settings, resume=resume, force=force)
+    return lease
+
+
+def start_cluster(storage: str, name: str, *, cpus: int, tracking_uri: str, experiment: str) -> tuple[Tracker, StopRequest]:
+    """Its second half, once the policy (and any teacher store) is ready: start (or join) Ray and check
+    the storage serves every node, open the MLflow experiment, clear the stop request that ended the
+    last run of this folder."""
+    from orchestrator.tracking import Tracker
+
+    init_ray(cpus)
+    check_shared_storage(storage)
+    stop = StopRequest(run_folder(storage, name))
+    stop.clear()
+    return Tracker(tracking_uri, experiment), stop
 
 
 # Filesystems every node of a cluster can mount: a folder on one of them is a storage a cluster can share.

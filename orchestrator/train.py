@@ -24,8 +24,8 @@ from rich.table import Table
 
 from orchestrator.cli import later
 from orchestrator.console import console, number_table
-from orchestrator.lease import Lease, check_settings, release_all
-from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
+from orchestrator.lease import release_all
+from orchestrator.preempt import STOPPED_EXIT_CODE
 from orchestrator.spec import BEST_SPEC, SpecError, derived_numbers, load_trial_spec
 from trainables.config import TrialConfig
 from trainables.runtime.errors import stated
@@ -62,24 +62,21 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
     it stopped early for a resume."""
     cfg.storage = launch.storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
     check_fresh(cfg, resume)
-    Lease(f"{cfg.storage}/{cfg.name}").acquire(f"trial {cfg.name!r} in {cfg.storage}")
-    check_settings(f"{cfg.storage}/{cfg.name}", {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
+    launch.claim_folder(f"trial {cfg.name!r} in {cfg.storage}", cfg.storage, cfg.name,
+                        {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
     model_path = models.resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
-    store = launch.load_offline(cfg, model_path)
+    store = launch.load_offline(cfg, model_path)  # a store without a usable row is refused before Ray starts
     started_at = time.time()  # start-up: Ray, the engines, the worker group, DeepSpeed
-    launch.init_ray(launch.logical_cpus(cfg))
-    launch.check_shared_storage(cfg.storage)
     uri = cfg.logging.tracking_uri or tracking.default_tracking_uri(cfg.storage)
-    tracker = tracking.Tracker(uri, cfg.logging.experiment)
+    tracker, stop = launch.start_cluster(cfg.storage, cfg.name, cpus=launch.logical_cpus(cfg), tracking_uri=uri,
+                                         experiment=cfg.logging.experiment)
     run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"}, resume=resume)
     state = "errored"
     try:  # the run is closed on every way out: finished, stopped, errored, Ctrl-C
         if store is not None:
             tracker.log_offline_store(run_id, store)
         console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
-        stop = StopRequest(f"{cfg.storage}/{cfg.name}")
-        stop.clear()
         stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
         start = time.perf_counter()
         result = launch.fit_trial(cfg, model_path, tracking_uri=uri, run_id=run_id, store=store,

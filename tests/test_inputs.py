@@ -21,7 +21,7 @@ def nothing_starts(monkeypatch):
         raise AssertionError("the input was accepted: Ray was about to start")
 
     monkeypatch.setattr(train, "run", started)
-    monkeypatch.setattr(experiment, "init_ray", started)
+    monkeypatch.setattr(experiment, "start_cluster", started)
     monkeypatch.setattr(experiment.Tracker, "start_sweep_run", started)
 
 

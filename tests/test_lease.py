@@ -35,7 +35,8 @@ def test_a_second_command_of_the_same_name_is_refused(holder, tmp_path, capsys, 
     def started(*args, **kwargs):
         raise AssertionError("the second command went on")
 
-    monkeypatch.setattr(experiment, "init_ray", started)
+    monkeypatch.setattr(experiment, "start_cluster", started)
+    monkeypatch.setattr(launch, "start_cluster", started)
     monkeypatch.setattr(launch, "fit_trial", started)
     for main, args in ((sweep.main, ["search_spaces/ead.yaml", "--storage", str(tmp_path)]),
                        (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead",
