@@ -1,5 +1,6 @@
 """What the fault tests share: a short trial that checkpoints often, the metric history a faulted run
-must reproduce bit for bit, and watchers that strike when a trial has reached a step."""
+must reproduce bit for bit, watchers that strike when a trial has reached a step, and the check of a
+confirmation's records after its faults."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.spec import load_trial_spec
@@ -156,3 +158,34 @@ def sweep_spec(folder: Path) -> Path:
     spec = folder / "sweep.yaml"
     spec.write_text(yaml.safe_dump(base) + textwrap.dedent(SWEEP))
     return spec
+
+
+def check_confirmation_records(storage, out: str) -> None:
+    """One MLflow run per (configuration, fresh seed), each run to its end once; the parent's verdict and
+    interval are those recomputed from the runs' own final values; the report is whole, on disk and in
+    the parent run."""
+    import pytest
+from mlflow.tracking import MlflowClient
+
+    from orchestrator.decisions import confirm_step
+    from orchestrator.tracking import default_tracking_uri
+
+    (parent,) = runs(storage, "sweep")
+    confirm = [r for r in runs(storage) if r.data.tags["stage"] == "confirm"]
+    challenger, baseline = parent.data.tags["verdict_config"], parent.data.tags["baseline"]
+    assert sorted((r.data.tags["config"], r.data.params["seed"]) for r in confirm) == sorted(
+        (c, s) for c in (challenger, baseline) for s in ("1", "2"))
+    for run in confirm:
+        assert run.data.tags["state"] == "finished"
+        assert [s for s, _ in history(storage, run)["progress/step"]] == [1, 2, 3, 4, 5]
+    final = {(r.data.tags["config"], r.data.params["seed"]): r.data.metrics["val/accuracy"] for r in confirm}
+    diffs = [final[challenger, s] - final[baseline, s] for s in ("1", "2")]
+    look = confirm_step(diffs, [2], 0.05, None, "max")
+    metrics = parent.data.metrics
+    assert (metrics["confirm/best_minus_baseline/mean"], metrics["confirm/best_minus_baseline/ci_low"],
+            metrics["confirm/best_minus_baseline/ci_high"]) == pytest.approx((look.mean, look.low, look.high), abs=1e-12)
+    assert parent.data.tags["verdict"] == look.verdict and parent.data.tags["verdict_stage"] == "confirm"
+    html = (storage / "s" / "report" / "report.html").read_text()
+    assert html.rstrip().endswith("</html>") and "report: " in out
+    client = MlflowClient(default_tracking_uri(str(storage)))
+    assert "report/report.html" in {a.path for a in client.list_artifacts(parent.info.run_id, "report")}

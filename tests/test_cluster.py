@@ -18,8 +18,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from faults import (TRIAL, committed, fault_metrics, history, logged_step, logged_steps, reference_history, runs,
-                    sweep_spec)
+from faults import (TRIAL, check_confirmation_records, committed, fault_metrics, history, logged_step, logged_steps,
+                    reference_history, runs, sweep_spec)
 from orchestrator.launch import check_shared_storage
 
 SPOT = ["learner.resources={spot: 1}", "rollout.resources={spot: 1}"]  # two ranks and one engine per node
@@ -119,14 +119,17 @@ def test_sigterm_to_a_learner_process_checkpoints_then_restarts(cluster, referen
     assert 3 <= resumed_from <= 4
 
 
-# The moments a sweep's spot node can vanish, in the order a sweep of two trials meets them; each is found
-# from the sweep's own progress (MLflow's steps, Ray Train's committed checkpoints, the runs it has made),
-# and the node is replaced after each: one sweep loses its node four times.
+# The moments a sweep's spot node can vanish, in the order a sweep of two trials and its confirmation (two
+# fresh seed pairs) meet them; each is found from the sweep's own progress (MLflow's steps, Ray Train's
+# committed checkpoints, the runs it has made), and the node is replaced after each: one sweep loses its
+# node five times.
 NODE_KILLS = {
     "first_trial_mid_step": lambda s: logged_steps(s)[:1] >= [2],  # step 3 under way
     "first_trial_after_its_last_step": lambda s: logged_steps(s)[:1] >= [TRIAL_STEPS],
     "between_configurations": lambda s: closed_finished(s) >= 1,
     "second_trial_after_a_checkpoint": lambda s: logged_steps(s)[1:2] >= [3] and committed(s)[1:2] >= [1],
+    # a confirmation seed past its first checkpoint: the selection over, the verdict not yet made
+    "mid_confirmation": lambda s: max(logged_steps(s, "confirm"), default=0) >= 3,
 }
 
 
@@ -141,16 +144,18 @@ def closed_finished(storage: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("moments", ["+".join(NODE_KILLS)], ids=str)  # the test id names the kill points
 def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, reference, tmp_path, moments):
-    """Two trials, the second with the reference's settings; the node of their ranks and engines is
-    taken away at each moment of NODE_KILLS and replaced. The driver, on the head, lives on: every trial
-    ends finished in MLflow, Optuna and Tune, each step logged once, the second's history the
-    uninterrupted one bit for bit."""
-    driver = command("sweep", tmp_path, spec=str(sweep_spec(tmp_path)), flags=("--name", "s", "--num-samples", "2"))
+    """Two trials, the second with the reference's settings, then their confirmation; the node of their
+    ranks and engines is taken away at each moment of NODE_KILLS and replaced. The driver, on the head,
+    lives on: every trial ends finished in MLflow, Optuna and Tune, each step logged once, the second's
+    history the uninterrupted one bit for bit; the verdict is the one its confirmation seeds give."""
+    driver = command("sweep", tmp_path, "search.confirm={seeds: 2, max_seeds: 2}", spec=str(sweep_spec(tmp_path)),
+                     flags=("--name", "s", "--num-samples", "2"))
     for moment in moments.split("+"):
         wait_until(lambda: NODE_KILLS[moment](tmp_path), driver)
         replace(cluster, spot_node(cluster))
     out = finish(driver)
-    trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)}
+    trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)
+              if r.data.tags["stage"] == "select"}
     assert sorted(trials) == ["1.0", "1.2"], out[-3000:]
     assert {(r.data.tags["state"], r.info.status) for r in trials.values()} == {("finished", "FINISHED")}
     for run in trials.values():
@@ -162,6 +167,7 @@ def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, referen
     tune = [json.loads(line) for p in sorted((tmp_path / "s" / "tune").glob("trainable_*/result.json"))
             for line in p.read_text().splitlines()[-1:]]
     assert [r["progress/step"] for r in tune] == [TRIAL_STEPS] * 2  # Tune's record: each at its last step
+    check_confirmation_records(tmp_path, out)
 
 
 def test_a_folder_on_one_machine_serves_a_cluster_on_one_machine(cluster, tmp_path):

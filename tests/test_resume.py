@@ -20,8 +20,9 @@ import optuna
 import pytest
 import torch
 
-from faults import (EVERY, TRIAL, committed, driver_env, fault_metrics, finished_runs, history, logged_step,
-                    logged_steps, reference_history, runs, sigkill_actor, sweep_spec, trial_cfg, when, when_step)
+from faults import (EVERY, TRIAL, check_confirmation_records, committed, driver_env, fault_metrics, finished_runs, history, logged_step,
+                    logged_steps, reference_history, runs, sigkill_actor, sweep_spec, trial_cfg, when,
+                    when_step)
 from orchestrator import train
 from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
@@ -339,36 +340,6 @@ def check_selection_records(storage, reference: dict | None) -> None:
     assert {t.params["rollout.decoding.ead.tau_max"]: t.value for t in proposals
             if t.state == optuna.trial.TrialState.COMPLETE} == {
         tau: m["val/accuracy"] for tau, m in final.items() if m["progress/step"] == 5}
-
-
-def check_confirmation_records(storage, out: str) -> None:
-    """One MLflow run per (configuration, fresh seed), each run to its end once; the parent's verdict and
-    interval are those recomputed from the runs' own final values; the report is whole, on disk and in
-    the parent run."""
-    from mlflow.tracking import MlflowClient
-
-    from orchestrator.decisions import confirm_step
-    from orchestrator.tracking import default_tracking_uri
-
-    (parent,) = runs(storage, "sweep")
-    confirm = [r for r in runs(storage) if r.data.tags["stage"] == "confirm"]
-    challenger, baseline = parent.data.tags["verdict_config"], parent.data.tags["baseline"]
-    assert sorted((r.data.tags["config"], r.data.params["seed"]) for r in confirm) == sorted(
-        (c, s) for c in (challenger, baseline) for s in ("1", "2"))
-    for run in confirm:
-        assert run.data.tags["state"] == "finished"
-        assert [s for s, _ in history(storage, run)["progress/step"]] == [1, 2, 3, 4, 5]
-    final = {(r.data.tags["config"], r.data.params["seed"]): r.data.metrics["val/accuracy"] for r in confirm}
-    diffs = [final[challenger, s] - final[baseline, s] for s in ("1", "2")]
-    look = confirm_step(diffs, [2], 0.05, None, "max")
-    metrics = parent.data.metrics
-    assert (metrics["confirm/best_minus_baseline/mean"], metrics["confirm/best_minus_baseline/ci_low"],
-            metrics["confirm/best_minus_baseline/ci_high"]) == pytest.approx((look.mean, look.low, look.high), abs=1e-12)
-    assert parent.data.tags["verdict"] == look.verdict and parent.data.tags["verdict_stage"] == "confirm"
-    html = (storage / "s" / "report" / "report.html").read_text()
-    assert html.rstrip().endswith("</html>") and "report: " in out
-    client = MlflowClient(default_tracking_uri(str(storage)))
-    assert "report/report.html" in {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
 
 
 def test_a_full_disk_during_a_checkpoint_is_said_in_one_line(tmp_path):
