@@ -164,11 +164,7 @@ def check_confirmation_records(storage, out: str) -> None:
     """One MLflow run per (configuration, fresh seed), each run to its end once; the parent's verdict and
     interval are those recomputed from the runs' own final values; the report is whole, on disk and in
     the parent run."""
-    import pytest
-from mlflow.tracking import MlflowClient
-
     from orchestrator.decisions import confirm_step
-    from orchestrator.tracking import default_tracking_uri
 
     (parent,) = runs(storage, "sweep")
     confirm = [r for r in runs(storage) if r.data.tags["stage"] == "confirm"]
