@@ -1,4 +1,5 @@
-"""Launching trials: the local or remote Ray cluster, a trial's actors (rollout engines, verifier,
+"""Launching trials: the preamble `train`, `sweep` and `study` share (the run folder claimed, then Ray and
+MLflow started), the local or remote Ray cluster, a trial's actors (rollout engines, verifier,
 encoder) and its Ray Train run, and where runs are stored. `orchestrator.train`, `.sweep`, `.study`,
 `.evaluate` and `bench` all start their trials through here.
 """
@@ -59,6 +60,43 @@ def worker_resources(cfg: TrialConfig) -> dict[str, float]:
     if cfg.learner.use_gpu:
         resources["GPU"] = 1 - cfg.rollout.num_gpus if cfg.rollout.colocate else 1
     return resources
+
+
+def trial_demand(cfg: TrialConfig) -> dict[str, float]:
+    """What one trial reserves of a cluster: its learner ranks', its engines' and its encoder's resources
+    (its verifier and Ray Train's own actors take none)."""
+    from trainables.rollout.service import engine_bundle
+
+    demand: dict[str, float] = {}
+    parts = [(worker_resources(cfg), cfg.learner.num_workers), (engine_bundle(cfg.rollout), cfg.rollout.num_engines),
+             ({"CPU": cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0}, 1)]
+    for resources, count in parts:
+        for key, value in resources.items():
+            demand[key] = demand.get(key, 0.0) + value * count
+    return {key: value for key, value in demand.items() if value}
+
+
+def trials_that_fit(cfg: TrialConfig, wanted: int) -> int:
+    """Trials of `cfg` to run at once, of `wanted`: as many as the cluster's resources hold now, at least
+    one (an autoscaling cluster adds nodes as a trial asks). Trials started past that number would each
+    reserve part of what they need (engines first, then ranks) and wait for one another for ever."""
+    import ray
+
+    have, demand = ray.cluster_resources(), trial_demand(cfg)
+    fits = min((int(have.get(key, 0.0) // need) for key, need in demand.items()), default=wanted)
+    if fits == 0:  # none fits yet: an autoscaling cluster adds the nodes its waiting trials ask for
+        console.print(f"the cluster ({short(have)}) holds no trial of {short(demand)} yet: {wanted} at once as it "
+                      f"grows", highlight=False)
+        return wanted
+    if fits < wanted:
+        console.print(f"{fits} trial(s) at once: the cluster's {short(have)} hold {fits} of {short(demand)}",
+                      highlight=False)
+    return min(wanted, fits)
+
+
+def short(resources: dict[str, float]) -> str:
+    return ", ".join(f"{key} {value:g}" for key, value in sorted(resources.items()) if not key.startswith("node:")
+                     and not key.startswith("accelerator_type") and key not in ("memory", "object_store_memory"))
 
 
 def init_ray(num_cpus: int) -> None:

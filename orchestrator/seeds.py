@@ -25,7 +25,7 @@ from typing import Any
 from ray.train.v2.api.callback import UserCallback
 
 from orchestrator.console import short_params
-from orchestrator.launch import fit_trial, load_offline
+from orchestrator.launch import fit_trial, load_offline, trials_that_fit
 from orchestrator.scheduler import pruned_at
 from orchestrator.spec import apply_overrides
 from orchestrator.stats import seed_interval
@@ -119,13 +119,14 @@ class SeedGroup:
 
     def run(self, model_path: Path, tracking_uri: str | None, run_ids: list, store=None,
             stop_file: str | None = None) -> list:
-        """Train every seed; the Ray Train results, in seed order. A seed's error is raised at once: the
-        Tune trial ends, and its seeds' Train runs with it."""
+        """Train every seed, as many at once as the cluster holds; the Ray Train results, in seed order. A
+        seed's error is raised at once: the Tune trial ends, and its seeds' Train runs with it."""
         from ray.util.queue import Queue
 
         inbox = Queue(actor_options={"num_cpus": 0})  # the reports of every seed, in arrival order
+        gate = threading.Semaphore(trials_that_fit(self.cfgs[0], len(self.cfgs)))
         threads = [threading.Thread(target=self._fit, name=cfg.name, daemon=True,
-                                    args=(i, cfg, model_path, tracking_uri, run_ids[i], store, stop_file, inbox))
+                                    args=(i, cfg, model_path, tracking_uri, run_ids[i], store, stop_file, inbox, gate))
                    for i, cfg in enumerate(self.cfgs)]
         for thread in threads:
             thread.start()
@@ -144,10 +145,11 @@ class SeedGroup:
         return self.results
 
     def _fit(self, index: int, cfg: TrialConfig, model_path: Path, tracking_uri: str | None, run_id: str | None,
-             store, stop_file, inbox) -> None:
+             store, stop_file, inbox, gate: threading.Semaphore) -> None:
         try:
-            result = fit_trial(cfg, model_path, tracking_uri=tracking_uri, run_id=run_id, store=store,
-                               run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
+            with gate:
+                result = fit_trial(cfg, model_path, tracking_uri=tracking_uri, run_id=run_id, store=store,
+                                   run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
             self.results[index] = result
             if result.error:
                 self.errors[index] = result.error

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 tune = later("ray.tune")
 experiment, tracking = later("orchestrator.experiment"), later("orchestrator.tracking")
 tune_trial, summary = later("orchestrator.seeds"), later("orchestrator.summary")
+launch = later("orchestrator.launch")
 
 
 def optuna_space(search: SearchConfig) -> tuple[dict, dict[str, Any]]:
@@ -138,22 +139,6 @@ def ranked(summaries: list[ConfigSummary], search: SearchConfig) -> list[ConfigS
     return sorted(summaries, key=lambda s: -sign * s.interval.mean if s.interval else float("inf"))
 
 
-def gpu_bound_concurrency(trial: TrialConfig, wanted: int) -> int:
-    """Trials at once: the spec's, bounded by the GPUs the cluster has now (each trial holds `trial.gpus`)."""
-    import ray
-
-    if not trial.gpus:
-        return wanted
-    have = ray.cluster_resources().get("GPU", 0)
-    if not have:  # an autoscaling cluster adds GPU nodes as trials ask for them
-        console.print(f"no GPU in the cluster yet: {wanted} trial(s) at once, {trial.gpus:g} GPU(s) each")
-        return wanted
-    fits = max(1, int(have // trial.gpus))
-    if fits < wanted:
-        console.print(f"{fits} trial(s) at once: the cluster's {have:g} GPUs hold {fits} of {trial.gpus:g} GPU(s)")
-    return min(wanted, fits)
-
-
 def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> None:
     import optuna
 
@@ -188,7 +173,7 @@ def run(spec: str, args) -> int:
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
                   f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}")
-    search.max_concurrent_trials = gpu_bound_concurrency(base_cfg, search.max_concurrent_trials * search.seeds) // search.seeds or 1
+    search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials * search.seeds) // search.seeds or 1
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial

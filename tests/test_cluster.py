@@ -19,8 +19,8 @@ import optuna
 import pytest
 
 from faults import (TRIAL, check_confirmation_records, committed, fault_metrics, history, logged_step, logged_steps,
-                    reference_history, runs, sweep_spec)
-from orchestrator.launch import check_shared_storage
+                    reference_history, runs, sweep_spec, trial_cfg)
+from orchestrator.launch import check_shared_storage, trial_demand, trials_that_fit
 
 SPOT = ["learner.resources={spot: 1}", "rollout.resources={spot: 1}"]  # two ranks and one engine per node
 WORKER = {"num_cpus": 3, "resources": {"spot": 3}}
@@ -168,6 +168,17 @@ def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, referen
             for line in p.read_text().splitlines()[-1:]]
     assert [r["progress/step"] for r in tune] == [TRIAL_STEPS] * 2  # Tune's record: each at its last step
     check_confirmation_records(tmp_path, out)
+
+
+def test_seeds_that_cannot_all_fit_run_in_turn(cluster, tmp_path):
+    """Two ranks and one engine fill the spot node: a second seed started beside the first would hold its
+    engine and wait for ever for its ranks, as the first would for its second rank. So one at a time."""
+    cfg = trial_cfg(tmp_path, *SPOT)
+    assert trial_demand(cfg) == {"CPU": 3.0, "spot": 3.0}  # 2 ranks x (1 CPU, 1 spot) + 1 engine x (1, 1)
+    assert trials_that_fit(cfg, 3) == 1
+    one_rank = trial_cfg(tmp_path, "learner.resources={spot: 1}", "learner.num_workers=1")  # its engine anywhere
+    assert trial_demand(one_rank) == {"CPU": 2.0, "spot": 1.0}
+    assert trials_that_fit(one_rank, 3) == 2  # the cluster's 4 CPUs hold two
 
 
 def test_a_folder_on_one_machine_serves_a_cluster_on_one_machine(cluster, tmp_path):
