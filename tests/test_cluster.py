@@ -63,22 +63,28 @@ def replace(cluster, node) -> None:
 def command(module: str, storage: Path, *overrides: str, spec: str = "search_spaces/ead.yaml",
             flags: tuple[str, ...] = ()) -> subprocess.Popen:
     """A CLI driver joining the cluster (RAY_ADDRESS), as on a real one; the test's own thread stays free
-    to add and remove nodes (Ray starts a node only from a process's main thread)."""
+    to add and remove nodes (Ray starts a node only from a process's main thread). Its output goes to a
+    file: a pipe nobody reads while the test waits would fill and stop the driver mid-line."""
     sets = [arg for o in [f"storage={storage}", *TRIAL, *SPOT, *overrides] for arg in ("--set", o)]
-    return subprocess.Popen([sys.executable, "-m", f"orchestrator.{module}", spec, *sets, *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = storage / "driver.log"
+    with open(log, "w") as out:
+        driver = subprocess.Popen([sys.executable, "-m", f"orchestrator.{module}", spec, *sets, *flags],
+                                  stdout=out, stderr=subprocess.STDOUT, text=True)
+    driver.log = log
+    return driver
 
 
 def wait_until(ready, driver: subprocess.Popen, timeout_s: float = 600) -> None:
     deadline = time.time() + timeout_s
     while not ready():
-        assert driver.poll() is None, driver.stdout.read()[-3000:]  # ended before the fault could strike
+        assert driver.poll() is None, driver.log.read_text()[-3000:]  # ended before the fault could strike
         assert time.time() < deadline, "timed out"
         time.sleep(0.2)
 
 
 def finish(driver: subprocess.Popen) -> str:
-    out, _ = driver.communicate(timeout=900)
+    driver.wait(timeout=900)
+    out = driver.log.read_text()
     assert driver.returncode == 0, out[-3000:]
     return out
 
