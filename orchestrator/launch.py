@@ -48,9 +48,7 @@ def logical_cpus(cfg: TrialConfig) -> int:
     Rollout and learner phases alternate, so oversubscribing the cores is cheap; without it a
     2-core machine cannot even place one worker group.
     """
-    encoder = cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0
-    need = (cfg.learner.num_workers * cfg.learner.cpus_per_worker + cfg.rollout.num_cpus * cfg.rollout.num_engines
-            + encoder + 1)
+    need = trial_demand(cfg).get("CPU", 0.0) + 1  # and one for the driver's own work
     return max(int(need + 0.999), os.cpu_count() or 1)
 
 
@@ -84,17 +82,17 @@ def trials_that_fit(cfg: TrialConfig, wanted: int) -> int:
 
     have, demand = ray.cluster_resources(), trial_demand(cfg)
     fits = min((int(have.get(key, 0.0) // need) for key, need in demand.items()), default=wanted)
+    held = f"the cluster's {resources_text(have)} hold {fits} trial(s) of {resources_text(demand)}"
     if fits == 0:  # none fits yet: an autoscaling cluster adds the nodes its waiting trials ask for
-        console.print(f"the cluster ({short(have)}) holds no trial of {short(demand)} yet: {wanted} at once as it "
-                      f"grows", highlight=False)
+        console.print(f"{held}: {wanted} at once, as the cluster grows", highlight=False)
         return wanted
     if fits < wanted:
-        console.print(f"{fits} trial(s) at once: the cluster's {short(have)} hold {fits} of {short(demand)}",
-                      highlight=False)
+        console.print(f"{fits} trial(s) at once: {held}", highlight=False)
     return min(wanted, fits)
 
 
-def short(resources: dict[str, float]) -> str:
+def resources_text(resources: dict[str, float]) -> str:
+    """`CPU 4, GPU 2, spot 3`: the resources a person sets (not Ray's per-node and memory entries)."""
     return ", ".join(f"{key} {value:g}" for key, value in sorted(resources.items()) if not key.startswith("node:")
                      and not key.startswith("accelerator_type") and key not in ("memory", "object_store_memory"))
 
