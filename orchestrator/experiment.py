@@ -26,8 +26,8 @@ from orchestrator.scheduler import pruned_record
 from orchestrator.seeds import HORIZON_KEY, ended, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
-from trainables.data.models import resolve_model_path
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
+from trainables.data.models import resolve_model_path
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 STUDY_FILE = "optuna.db"
