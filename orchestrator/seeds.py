@@ -121,9 +121,14 @@ class SeedGroup:
             stop_file: str | None = None) -> list:
         """Train every seed, as many at once as the cluster holds; the Ray Train results, in seed order. A
         seed's error is raised at once: the Tune trial ends, and its seeds' Train runs with it."""
+        import ray
         from ray.util.queue import Queue
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        inbox = Queue(actor_options={"num_cpus": 0})  # the reports of every seed, in arrival order
+        # The reports of every seed, in arrival order, on this process's node: a queue on a node that is lost
+        # would take the group with it, while every seed's trial lives through the loss.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        inbox = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
         gate = threading.Semaphore(trials_that_fit(self.cfgs[0], len(self.cfgs)))
         threads = [threading.Thread(target=self._fit, name=cfg.name, daemon=True,
                                     args=(i, cfg, model_path, tracking_uri, run_ids[i], store, stop_file, inbox, gate))

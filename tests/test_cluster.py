@@ -179,6 +179,12 @@ def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, referen
 def test_seeds_that_cannot_all_fit_run_in_turn(cluster, tmp_path):
     """Two ranks and one engine fill the spot node: a second seed started beside the first would hold its
     engine and wait for ever for its ranks, as the first would for its second rank. So one at a time."""
+    import ray
+
+    deadline = time.time() + 120  # a node the test before took away counts until Ray has marked it dead
+    while ray.cluster_resources().get("spot") != WORKER["resources"]["spot"]:
+        assert time.time() < deadline, ray.cluster_resources()
+        time.sleep(1)
     cfg = trial_cfg(tmp_path, *SPOT)
     assert trial_demand(cfg) == {"CPU": 3.0, "spot": 3.0}  # 2 ranks x (1 CPU, 1 spot) + 1 engine x (1, 1)
     assert trials_that_fit(cfg, 3) == 1
