@@ -125,9 +125,10 @@ def run_folder(storage: str, name: str) -> str:
 def claim_folder(what: str, storage: str, name: str, settings: dict, *, resume: bool, force: bool) -> Lease:
     """The first half of the preamble `train`, `sweep` and `study` share: hold the run folder's lease (one
     writer at a time; released at exit) and check the settings recorded there against these."""
-    lease = Lease(run_folder(storage, name))
+    folder = run_folder(storage, name)
+    lease = Lease(folder)
     lease.acquire(what)
-    check_settings(run_folder(storage, name), settings, resume=resume, force=force)
+    check_settings(folder, settings, resume=resume, force=force)
     return lease
 
 
