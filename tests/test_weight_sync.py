@@ -4,6 +4,7 @@ gloo, and the learner's gloo push to real engine actors, again after one of them
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -107,6 +108,21 @@ def push_until_done(push, state, version: int, deadline_s: float = 240) -> int:
             time.sleep(2)
 
 
+def exited(pid: int) -> bool:
+    """Process `pid` is gone, or a zombie not yet reaped (its state follows the command's parenthesis)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_until_gone(pid: int, deadline_s: float = 60) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not exited(pid):
+        assert time.monotonic() < deadline, f"process {pid} outlived its kill"
+        time.sleep(0.1)
+
+
 def test_gloo_push_reaches_every_engine_and_survives_a_restart(ray_cluster, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
@@ -137,7 +153,9 @@ def test_gloo_push_reaches_every_engine_and_survives_a_restart(ray_cluster, tiny
     for version, scale in ((1, 0.05), (2, 0.1)):
         state = trained(scale)
         if version == 2:  # an engine dies: Ray restarts it with the initial weights, the group forms anew
+            pid = ray.get(broadcast_to[0].health.remote())["pid"]
             ray.kill(broadcast_to[0], no_restart=False)
+            wait_until_gone(pid)  # ray.kill returns before the process dies: a push could still reach it
             assert push_until_done(push, state, version) >= 1
         else:
             assert push_until_done(push, state, version) == 0
