@@ -130,6 +130,27 @@ def test_two_engines_fed_over_gloo_reproduce_the_one_engine_history(reference, t
 
 
 @pytest.mark.slow
+def test_overlap_trains_one_step_behind_and_resumes_exactly(reference, tmp_path):
+    """rollout.overlap 1: every step after the first trains on a batch generated before the previous
+    update. A learner rank killed after step 3 resumes from a checkpoint that kept the batch then in
+    flight, and the trial ends with the uninterrupted overlapped run's history bit for bit."""
+    uninterrupted, faulted = tmp_path / "uninterrupted", tmp_path / "faulted"
+    train.run(trial_cfg(uninterrupted, "rollout.overlap=1"))
+    ahead = history(uninterrupted)
+    assert [lag for _, lag in ahead["rollout/policy_lag"]] == [0.0, 1.0, 1.0, 1.0, 1.0]  # one update a step
+    assert [lag for _, lag in reference["rollout/policy_lag"]] == [0.0] * 5
+    assert ahead["policy/grad_norm"][0] == reference["policy/grad_norm"][0]  # the first step is the synchronous one
+    assert ahead["policy/grad_norm"][1:] != reference["policy/grad_norm"][1:]
+
+    watcher = when_step(faulted, 3, lambda: sigkill_actor("RayTrainWorker"))
+    train.run(trial_cfg(faulted, "rollout.overlap=1"))
+    watcher.join()
+    assert history(faulted) == ahead
+    recorded = fault_metrics(faulted)
+    assert len(recorded["faults/resumed_from_step"]) == 1 and max(recorded["faults/redone_steps"]) <= EVERY
+
+
+@pytest.mark.slow
 def test_deadline_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tiny_model_path, tmp_path):
     """A deadline that has come by the first step boundary: the trial checkpoints there and stops. (The
     edge refuses a deadline already past; this one passes while the trial starts, as a real one can.)"""

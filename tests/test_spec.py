@@ -58,6 +58,9 @@ def test_shipped_spec_is_valid():
         ("rollout: {weight_transfer: nccl}\n", "<top>", "rollout.weight_transfer nccl sends between GPUs"),
         ("rollout: {weight_transfer: ray}\n", "rollout.weight_transfer", "'object_store', 'gloo', 'nccl' or 'ipc'"),
         ("rollout: {weight_transfer: ipc}\n", "<top>", "rollout.weight_transfer ipc maps the learner's GPU memory"),
+        ("rollout: {overlap: 2}\n", "rollout.overlap", "0 or 1"),
+        ("rollout: {backend: vllm, colocate: true, num_gpus: 0.5, overlap: 1}\nlearner: {use_gpu: true}\n", "<top>",
+         "rollout.overlap: 1 generates while the learner trains"),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):

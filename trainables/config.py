@@ -256,6 +256,10 @@ class RolloutConfig(Section):
         256, description="The learner pushes its weights a bucket of this size at a time (under ZeRO-3 each "
         "bucket is gathered, sent and freed), so no rank holds a second copy of the model; gloo, nccl: one "
         "broadcast each, the sender and each receiver holding one (nccl: two, double buffered).")
+    overlap: Literal[0, 1] = Field(
+        0, description="1: one-step off-policy; while the learner trains on step s's batch the engines generate "
+        "step s+1's from the policy before that update (the TIS ratio corrects the lag, logged as "
+        "rollout/policy_lag; a checkpoint keeps the batch in flight). 0: generate, then train (default).")
 
 
 class AlgorithmConfig(Section):
@@ -540,6 +544,9 @@ class TrialConfig(Section):
         if ro.colocate and not (lr.use_gpu and 0 < ro.num_gpus < 1):
             raise ValueError(f"rollout.colocate shares the learner's GPUs: it needs learner.use_gpu: true and "
                              f"0 < rollout.num_gpus < 1 (got use_gpu {lr.use_gpu}, num_gpus {ro.num_gpus})")
+        if ro.colocate and ro.overlap:
+            raise ValueError("rollout.overlap: 1 generates while the learner trains: it needs engines of their "
+                             "own (rollout.colocate: false; a colocated engine sleeps during the update)")
         return self
 
     @model_validator(mode="after")

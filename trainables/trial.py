@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
 from trainables.runtime.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
 from trainables.runtime.ranks import reduce_max, reduce_sums
-from trainables.rollout.client import RolloutClient
+from trainables.rollout.client import Pending, RolloutClient
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
@@ -131,6 +131,7 @@ class Trial:
         self.base_val: dict[str, float] = {}
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
         self.last_step_rows = None  # (problems, rollouts, rewards, offpolicy) of the latest step
+        self.ahead: tuple[int, Pending | RolloutBatch] | None = None  # rollout.overlap: the next step's batch
         self.save_seconds: float | None = None  # the latest checkpoint's cost, for the deadline
         self.last_step_seconds: float | None = None
         self.notices = Notices(self.rank, engines)  # drains and SIGTERM: checkpoint before the resources go
@@ -162,14 +163,17 @@ class Trial:
     def rollout_step(self, step: int) -> dict[str, float]:
         cfg, t = self.cfg, {}
         with timed(t, "step"):
-            problems = [self.train_set[i] for i in step_prompts(
-                len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
-            # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
-            spec = cfg.rollout.decoding.sampling(cfg.rollout.max_new_tokens, step + 1,
-                                                 seed=cfg.seed * 100_003 + step * 101 + self.rank)
+            problems, spec = self.step_problems(step), self.step_spec(step)
             with timed(t, "generate"):
-                rollouts = self.client.generate(self.encode(problems), cfg.rollout.group_size, spec)
+                rollouts = self.take_ahead(step) or self.client.generate(self.encode(problems),
+                                                                         cfg.rollout.group_size, spec)
                 self.client.release_gpus()
+            lag = self.learner.optimizer_step - rollouts.weight_version  # optimizer steps behind the update
+            if cfg.rollout.overlap and step + 1 < cfg.learner.steps:  # step s+1's batch from this policy
+                with timed(t, "sync"):
+                    self.client.sync_if_stale()
+                self.ahead = (step + 1, self.client.submit(self.encode(self.step_problems(step + 1)),
+                                                           cfg.rollout.group_size, self.step_spec(step + 1)))
             online = rollouts
             # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass: whole
             # assistant turns (prefill + response), as the teachers' texts it compares them with.
@@ -198,19 +202,44 @@ class Trial:
                 update = self.learner.rl_update(batch, grouped, logp_old, offpolicy)
             if cfg.preset.uses_offline:  # the teacher members' advantage: eq. 8-9 can make it strongly negative
                 mixed["advantage_sum"] = float(update.advantages[offpolicy].sum())
-            with timed(t, "sync"):
-                self.client.sync()
+            if not cfg.rollout.overlap:
+                with timed(t, "sync"):
+                    self.client.sync()
         self.last_step_rows = (problems, rollouts, rewards, offpolicy)
         mask = batch.response_mask
         sums = rank_sums(online, mask, rewards, grouped, reasons, update.tis, update.stats, cfg.rollout.tis_cap)
         metrics = step_metrics(reduce_sums(sums), reduce_max(tis_max(update.tis, mask)), update.stats, t, step=step,
                                optimizer_step=self.learner.optimizer_step, service_losses=self.client.losses)
+        metrics["rollout/policy_lag"] = float(lag)
         if cfg.rollout.decoding.schedule == "ead":
             metrics["rollout/ead_decay"] = ead_decay(spec.step, d0=cfg.rollout.decoding.ead.d0)
         if not cfg.preset.uses_offline:
             return metrics
         exploration_max = reduce_max(mixed.pop("oger_exploration_max"))
         return metrics | offline_metrics(reduce_sums(mixed), exploration_max, cfg.preset.needs_embeddings)
+
+    def step_problems(self, step: int) -> list[Problem]:
+        cfg = self.cfg
+        return [self.train_set[i] for i in step_prompts(
+            len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
+
+    def step_spec(self, step: int) -> SamplingSpec:
+        # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
+        return self.cfg.rollout.decoding.sampling(self.cfg.rollout.max_new_tokens, step + 1,
+                                                  seed=self.cfg.seed * 100_003 + step * 101 + self.rank)
+
+    def take_ahead(self, step: int) -> RolloutBatch | None:
+        """Step `step`'s batch when it was generated ahead (rollout.overlap), else None."""
+        if self.ahead is None or self.ahead[0] != step:
+            return None
+        self.settle()
+        rollouts, self.ahead = self.ahead[1], None
+        return rollouts
+
+    def settle(self) -> None:
+        """The batch in flight (rollout.overlap) collected, so the engines are free and it can be saved."""
+        if self.ahead is not None and isinstance(self.ahead[1], Pending):
+            self.ahead = (self.ahead[0], self.client.collect(self.ahead[1]))
 
     def logprob_taus(self, spec: SamplingSpec) -> tuple[float, ...] | None:
         """The learner's temperature at each response position: the rollout schedule's (`rollout`), or
@@ -247,8 +276,11 @@ class Trial:
     def save_checkpoint(self, step: int, metrics: dict[str, float]) -> None:
         state = {"base_val": self.base_val, "val_history": self.val_history, "metrics": metrics,
                  "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}
+        self.settle()  # the next step's batch, generated ahead from the weights before this step's update
+        ahead = {"next_rollouts": asdict(self.ahead[1])} if self.ahead is not None else {}
         # Every step up to this checkpoint is in MLflow before it is committed: a resume skips them.
-        self.save_seconds = resume.save(self.learner, step, self.rank, self.world, state, metrics, self.record.drain)
+        self.save_seconds = resume.save(self.learner, step, self.rank, self.world, state, metrics, self.record.drain,
+                                        rank_state=ahead)
 
     def restore(self) -> None:
         """Continue from the latest intact checkpoint; a corrupt latest one falls back to an older one."""
@@ -257,6 +289,8 @@ class Trial:
             self.start_step = state["step"] + 1
             self.base_val = state["base_val"]
             self.val_history = [(int(done), val) for done, val in state["val_history"]]
+            if state["next_rollouts"] is not None:
+                self.ahead = (self.start_step, RolloutBatch(**state["next_rollouts"]))
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -287,6 +321,8 @@ class Trial:
             last = step == cfg.learner.steps - 1
             validated = bool(every) and ((step + 1) % every == 0 or last)
             if validated:
+                self.settle()  # the engines take this policy's weights once the batch in flight is in
+                self.client.sync_if_stale()
                 with timed(t := {}, "validate"):
                     self.val_history.append((step + 1, self.validate(step + 1)))
                 metrics.update(self.latest_val, **{"timing/validate": t["validate"]})

@@ -8,6 +8,7 @@ all-reduce, all re-sync together, and only the ranks without rollouts ask again.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -86,18 +87,33 @@ class RolloutClient:
         if self.rank == 0:
             ray.get([engine.sleep.remote() for engine in self.engines])
 
+    def sync_if_stale(self) -> None:
+        """Push the learner's weights unless the engines already hold them (a collective, like `sync`)."""
+        if self.weight_version != self.learner.optimizer_step:
+            self.sync()
+
+    def submit(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> Pending:
+        """Start n rollouts of each prompt at the weights the engines hold; `collect` takes them."""
+        return Pending(prompts, n, spec, self.service.generate.remote(prompts, n, spec, self.weight_version))
+
     def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> RolloutBatch:
         """n rollouts of each prompt at the learner's weights; a lost service is re-synced and retried."""
-        rollouts, error = None, None
+        return self.collect(self.submit(prompts, n, spec))
+
+    def collect(self, pending: Pending) -> RolloutBatch:
+        """The rollouts of a submitted request (a collective); a lost service is re-synced and asked again,
+        at the weights it was then given."""
+        rollouts, error, ref = None, None, pending.ref
         for _ in range(SERVICE_RETRIES + 1):
             if rollouts is None:
                 try:
-                    rollouts = ray.get(self.service.generate.remote(prompts, n, spec, self.weight_version),
-                                       timeout=self.timeout_s)
+                    if ref is None:
+                        ref = self.submit(pending.prompts, pending.n, pending.spec).ref
+                    rollouts = ray.get(ref, timeout=self.timeout_s)
                 except (ray.exceptions.RayActorError, StaleWeightsError) as e:
-                    error = e
+                    error, ref = e, None
                 except ray.exceptions.GetTimeoutError:  # a hung engine: restarted, then re-synced like a lost one
-                    error = calls.restart_hung(self.service, "the rollout engine", self.timeout_s)
+                    error, ref = calls.restart_hung(self.service, "the rollout engine", self.timeout_s), None
             if reduce_max(float(rollouts is None)) == 0:
                 return rollouts
             self.stop_if_removed()
@@ -108,3 +124,13 @@ class RolloutClient:
                          f"and retrying")
             self.sync()
         raise RuntimeError(f"rollout service lost {SERVICE_RETRIES + 1} times in one call: {error}")
+
+
+@dataclass
+class Pending:
+    """A generation request in flight: what it asked (to ask again after a loss) and its result's ref."""
+
+    prompts: list[list[int]]
+    n: int
+    spec: SamplingSpec
+    ref: ray.ObjectRef

@@ -18,15 +18,15 @@ from trainables.runtime.errors import CheckpointError, write_failure
 
 
 def save(learner, step: int, rank: int, world: int, trial_state: dict, metrics: dict[str, float],
-         before_report: Callable[[], None] = lambda: None) -> float:
+         before_report: Callable[[], None] = lambda: None, rank_state: dict | None = None) -> float:
     """Save after RL step `step` (0-based) and report `metrics` with it; trial_state: rank 0's record
-    (TRIAL_STATE). Ray Train uploads the merged folder and commits it once every rank's upload is done.
-    Returns the seconds it took."""
+    (TRIAL_STATE); rank_state: this rank's own plain data (its next batch when generated ahead). Ray Train
+    uploads the merged folder and commits it once every rank's upload is done. Returns the seconds it took."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         try:
             learner.save(folder, client_state={"step": step})
-            torch.save({"step": step, "rng": rng_state()}, Path(folder) / rank_file(rank))
+            torch.save({"step": step, "rng": rng_state(), **(rank_state or {})}, Path(folder) / rank_file(rank))
             if rank == 0:
                 (Path(folder) / TRIAL_STATE).write_text(json.dumps({"step": step, **trial_state}))
             write_manifest(folder, rank, world)
@@ -40,8 +40,8 @@ def save(learner, step: int, rank: int, world: int, trial_state: dict, metrics: 
 
 
 def restore(learner, rank: int, world: int, trial: str) -> dict | None:
-    """The trial state (TRIAL_STATE) of the latest intact checkpoint, its learner and RNG states loaded;
-    None when there is no checkpoint to resume from."""
+    """The trial state (TRIAL_STATE) of the latest intact checkpoint and this rank's `next_rollouts` (None
+    when none was saved), its learner and RNG states loaded; None when there is no checkpoint to resume from."""
     latest = ray.train.get_checkpoint()
     if latest is None:
         return None
@@ -58,7 +58,7 @@ def restore(learner, rank: int, world: int, trial: str) -> dict | None:
         rank_state = read_rank_state(folder, rank)  # before the engine: a refused file loads nothing
         learner.load(folder)
         set_rng_state(rank_state["rng"])
-        return state
+        return {**state, "next_rollouts": rank_state.get("next_rollouts")}
 
     def unusable(path: str, problem: str) -> None:
         if rank == 0:
