@@ -10,7 +10,8 @@ noise), checked against its target, printed as one table and written as JSON:
            rollout service actor over the same engine called in-process, the weight push by gloo
            broadcast over the push through Ray's object store;
   trials   one trial per algorithm preset (grpo, luffy, oger) on SPEC with the same seed: steady-state
-           wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios;
+           wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios
+           (and grpo's wall per step with rollout.overlap 1 over 0);
            and how soon a command refuses a bad spec (a fresh process, median of three);
   learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
            response token over one fp32 logits row at V = 151,936, and update tokens/s;
@@ -49,6 +50,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "step time luffy / grpo": None,
     "step time oger / grpo": None,
     "step time oger less its encoder's busy time / luffy": None,
+    "step time wall overlap 1 / 0, grpo": ("<=", 0.75),
     "generation EAD / fixed, hf": ("<=", 1.03),
     "generation EAD recipe / T = 1, hf (longer samples)": None,
     "generation EAD / fixed, vllm": ("<=", 1.03),
@@ -270,6 +272,7 @@ def print_phases(figures: dict) -> None:
     for phase in phases:
         table.add_row(phase, *(f"{f['phase_share_of_step'][phase]:.1%}" for f in figures.values()))
     table.add_row("mean step (s)", *(f"{f['mean_step_s']:.2f}" for f in figures.values()))
+    table.add_row("loop wall per step (s)", *(f"{f['mean_step_wall_s']:.2f}" for f in figures.values()))
     table.add_row("encoder busy (s per step)", *(f"{f['encoder_s_per_step']:.2f}" for f in figures.values()))
     console.print(table)
     table = number_table("start-up, seconds per stage (timing/startup_*)", ["stage", *figures])

@@ -1,6 +1,7 @@
 """Where a trial's time goes, read back from its MLflow run: compute phases against the loop's wall
 time at steady state, start-up, weight sync, checkpoints, reporting and logging; and the step time
-of one algorithm preset against another on the same spec, seed and rollouts.
+of one algorithm preset against another on the same spec, seed and rollouts; and the first preset's
+wall per step with generation overlapped with training (rollout.overlap 1) against without.
 
 Steady state: after the first two steps (caches, allocator and compiled kernels warm up) and before
 the last (the final checkpoint). MLflow step s is "s RL steps done"; `timing/loop_wall` and
@@ -52,6 +53,7 @@ def steady_figures(history: dict[str, dict[int, float]], steps: int, checkpoint_
         "phase_share_of_step": {**shares, "other": 1 - sum(shares.values())},
         "steady_steps": b - a,
         "mean_step_s": step_total / (b - a),
+        "mean_step_wall_s": mean_step_wall,  # the loop's wall per step: what overlapping phases shortens
         "encoder_s_per_step": total("encoder", a + 1, b) / (b - a),  # oger*: the encoder actor's busy time
         "compute_s": compute,
         "wall_s": wall,
@@ -77,8 +79,14 @@ def algorithm_ratios(spec: str, storage: str, steps: int, overrides: list[str],
         history = run_trial(spec, storage, steps, [*overrides, f"algorithm.name={algorithm}",
                                                    f"checkpoint.every={every}"])
         figures[algorithm] = {**steady_figures(history, steps, every), "checkpoint_every": every}
+    # rollout.overlap on the first preset: its phases run side by side, so its wall per step is compared
+    history = run_trial(spec, storage, steps, [*overrides, f"algorithm.name={algorithms[0]}",
+                                               f"checkpoint.every={every}", "rollout.overlap=1"])
+    figures[f"{algorithms[0]}, overlap 1"] = {**steady_figures(history, steps, every), "checkpoint_every": every}
     ratios = {f"{x} / {y}": figures[x]["mean_step_s"] / figures[y]["mean_step_s"]
               for i, x in enumerate(algorithms) for y in algorithms[:i]}
+    ratios[f"wall overlap 1 / 0, {algorithms[0]}"] = (figures[f"{algorithms[0]}, overlap 1"]["mean_step_wall_s"]
+                                                     / figures[algorithms[0]]["mean_step_wall_s"])
     if {"oger", "luffy"} <= figures.keys():  # what OGER adds besides its encoder's compute
         oger = figures["oger"]
         ratios["oger less its encoder's busy time / luffy"] = (
