@@ -35,10 +35,13 @@ def math500_copy_of_validation(cfg, path):
 
 
 @pytest.mark.slow
-def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, tmp_path):
+@pytest.mark.parametrize("overlap", [0, 1], ids=["synchronous", "generation_overlapped"])
+def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, tmp_path, overlap):
+    """Also with rollout.overlap 1: training one step behind the engines must still learn by the margin."""
     cfg = load_trial_spec("search_spaces/ead.yaml", [
         f"storage={tmp_path}", f"learner.steps={STEPS}", f"validation.every={STEPS}",
         "validation.samples=4", "task.train_size=200", "task.val_size=200", "validation.num_prompts=200",
+        f"rollout.overlap={overlap}",
     ])
     copy = math500_copy_of_validation(cfg, tmp_path / "math500.jsonl")
     cfg.validation.benchmarks = {"arithmetic": None, "math500": str(copy)}
@@ -63,6 +66,8 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
     assert run.data.tags["state"] == "finished"
     steps = [step for step, _ in tracker.metric_history(run.info.run_id, "rollout/reward_mean")]
     assert steps == list(range(1, STEPS + 1))
+    lags = [lag for _, lag in tracker.metric_history(run.info.run_id, "rollout/policy_lag")]
+    assert lags == [0.0] + [float(overlap)] * (STEPS - 1)
     # val/accuracy's curve starts at the base policy (step 0); its `_base` copy is one point, not a series.
     (base,) = tracker.metric_history(run.info.run_id, "val/accuracy_base")
     curve = tracker.metric_history(run.info.run_id, "val/accuracy")
