@@ -24,6 +24,8 @@ METRICS: dict[str, str] = {
     "rollout/frac_zero_std": "share of groups whose rewards are all equal (no advantage to learn from)",
     "rollout/verify_<reason>": "rollouts per verdict: correct, wrong, no_think, no_boxed, parse_error, timeout",
     "rollout/ead_decay": "EAD: the step's decay d_s = min(d0 + 5 s, 40000)",
+    "rollout/policy_lag": "optimizer steps between the policy that generated the batch and the one it updates "
+                          "(0; with rollout.overlap 1 one step's, from the second step)",
     "rollout/accuracy_online_kept": "luffy, oger*: accuracy of the online members that stayed in their groups",
     # The update.
     "policy/entropy": "mean token entropy of the policy on the trained responses",
