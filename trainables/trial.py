@@ -164,17 +164,8 @@ class Trial:
         cfg, t = self.cfg, {}
         with timed(t, "step"):
             problems, spec = self.step_problems(step), self.step_spec(step)
-            with timed(t, "generate"):
-                rollouts = self.take_ahead(step) or self.client.generate(self.encode(problems),
-                                                                         cfg.rollout.group_size, spec)
-                self.client.release_gpus()
+            rollouts = online = self.step_rollouts(step, problems, spec, t)
             lag = self.learner.optimizer_step - rollouts.weight_version  # optimizer steps behind the update
-            if cfg.rollout.overlap and step + 1 < cfg.learner.steps:  # step s+1's batch from this policy
-                with timed(t, "sync"):
-                    self.client.sync_if_stale()
-                self.ahead = (step + 1, self.client.submit(self.encode(self.step_problems(step + 1)),
-                                                           cfg.rollout.group_size, self.step_spec(step + 1)))
-            online = rollouts
             # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass: whole
             # assistant turns (prefill + response), as the teachers' texts it compares them with.
             embeddings = (self.embedder.embed.remote([cfg.prompt.completion(text) for text in rollouts.texts],
@@ -228,12 +219,23 @@ class Trial:
         return self.cfg.rollout.decoding.sampling(self.cfg.rollout.max_new_tokens, step + 1,
                                                   seed=self.cfg.seed * 100_003 + step * 101 + self.rank)
 
-    def take_ahead(self, step: int) -> RolloutBatch | None:
-        """Step `step`'s batch when it was generated ahead (rollout.overlap), else None."""
-        if self.ahead is None or self.ahead[0] != step:
-            return None
-        self.settle()
-        rollouts, self.ahead = self.ahead[1], None
+    def step_rollouts(self, step: int, problems: list[Problem], spec: SamplingSpec,
+                      t: dict[str, float]) -> RolloutBatch:
+        """Step `step`'s rollouts: generated now, or the batch generated ahead; with rollout.overlap the
+        engines then start on step + 1's at this policy (pushed first if they hold an older one)."""
+        cfg = self.cfg
+        with timed(t, "generate"):
+            if self.ahead is not None and self.ahead[0] == step:
+                self.settle()
+                rollouts, self.ahead = self.ahead[1], None
+            else:
+                rollouts = self.client.generate(self.encode(problems), cfg.rollout.group_size, spec)
+            self.client.release_gpus()
+        if cfg.rollout.overlap and step + 1 < cfg.learner.steps:
+            with timed(t, "sync"):
+                self.client.sync_if_stale()
+            self.ahead = (step + 1, self.client.submit(self.encode(self.step_problems(step + 1)),
+                                                       cfg.rollout.group_size, self.step_spec(step + 1)))
         return rollouts
 
     def settle(self) -> None:
