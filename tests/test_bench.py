@@ -40,6 +40,7 @@ def test_steady_figures_split_compute_from_overhead():
     assert f["steady_steps"] == 5 and f["compute_s"] == pytest.approx(5.0)
     assert f["wall_s"] == pytest.approx(5 * 1.13 + 2 * 0.5)
     assert f["overhead"] == pytest.approx(1.13)
+    assert f["mean_step_wall_s"] == pytest.approx(1.13)  # a step's wall, its checkpoints apart
     assert f["checkpoint_s"] == pytest.approx(0.5)
     assert f["checkpoint_share_of_interval"] == pytest.approx(0.5 / (3 * 1.13))
     assert f["report_logging_share_of_wall"] == pytest.approx(5 * 0.03 / f["wall_s"])
