@@ -43,10 +43,12 @@ def test_bad_study_spec_is_one_line_naming_the_key(tmp_path, section, expected):
     assert len(message.splitlines()) == 1 and expected in message, message
 
 
-@pytest.mark.parametrize("spec", ["search_spaces/studies/ead_vs_fixed.yaml", "search_spaces/studies/oger_ablation.yaml"])
-def test_shipped_studies_are_valid(spec):
+@pytest.mark.parametrize("spec, arms", [("search_spaces/studies/ead_vs_fixed.yaml", 4),
+                                        ("search_spaces/studies/oger_ablation.yaml", 5),
+                                        ("search_spaces/studies/overlap_lag.yaml", 2)])
+def test_shipped_studies_are_valid(spec, arms):
     _, config, _ = study.load_study_spec(spec)
-    assert config.seeds >= 3 and len(config.arms) >= 4
+    assert config.seeds >= 3 and len(config.arms) == arms
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
