@@ -74,19 +74,18 @@ def algorithm_ratios(spec: str, storage: str, steps: int, overrides: list[str],
                      algorithms: tuple[str, ...]) -> tuple[dict[str, dict], dict[str, float]]:
     """One trial per preset (the first is also the overhead trial); {preset: figures}, {"a / b": ratio}."""
     every = max(2, (steps - WARMUP_STEPS) // 2)
-    figures = {}
-    for algorithm in algorithms:
-        history = run_trial(spec, storage, steps, [*overrides, f"algorithm.name={algorithm}",
-                                                   f"checkpoint.every={every}"])
-        figures[algorithm] = {**steady_figures(history, steps, every), "checkpoint_every": every}
+    first, overlapped = algorithms[0], f"{algorithms[0]}, overlap 1"
+    trials = {algorithm: [f"algorithm.name={algorithm}"] for algorithm in algorithms}
     # rollout.overlap on the first preset: its phases run side by side, so its wall per step is compared
-    history = run_trial(spec, storage, steps, [*overrides, f"algorithm.name={algorithms[0]}",
-                                               f"checkpoint.every={every}", "rollout.overlap=1"])
-    figures[f"{algorithms[0]}, overlap 1"] = {**steady_figures(history, steps, every), "checkpoint_every": every}
+    trials[overlapped] = [f"algorithm.name={first}", "rollout.overlap=1"]
+    figures = {}
+    for name, extra in trials.items():
+        history = run_trial(spec, storage, steps, [*overrides, *extra, f"checkpoint.every={every}"])
+        figures[name] = {**steady_figures(history, steps, every), "checkpoint_every": every}
     ratios = {f"{x} / {y}": figures[x]["mean_step_s"] / figures[y]["mean_step_s"]
               for i, x in enumerate(algorithms) for y in algorithms[:i]}
-    ratios[f"wall overlap 1 / 0, {algorithms[0]}"] = (figures[f"{algorithms[0]}, overlap 1"]["mean_step_wall_s"]
-                                                     / figures[algorithms[0]]["mean_step_wall_s"])
+    wall = {name: figures[name]["mean_step_wall_s"] for name in (first, overlapped)}
+    ratios[f"wall overlap 1 / 0, {first}"] = wall[overlapped] / wall[first]
     if {"oger", "luffy"} <= figures.keys():  # what OGER adds besides its encoder's compute
         oger = figures["oger"]
         ratios["oger less its encoder's busy time / luffy"] = (
