@@ -61,6 +61,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "checkpoint / its interval": ("<=", 0.05),
     "report + logging / wall": ("<=", 0.02),
     "peers: s per RL step, ours / TRL": ("<=", 0.85),
+    "peers: s per RL step, ours with rollout.overlap 1 / TRL": None,
     "peers: start-up, ours / TRL": ("<=", 2.0),
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
     "default sweep trial compute / wall": None,
@@ -197,9 +198,11 @@ def peer_rows(spec: str, storage: Path, steps: int, quick: bool, overrides: list
     from bench.peers import peers_figures
 
     rounds = 1 if quick else 2
-    console.print(f"[bold]peers[/bold]: TRL's GRPOTrainer and one trial, {steps} steps each, {rounds} round(s)")
+    console.print(f"[bold]peers[/bold]: TRL's GRPOTrainer and one trial (synchronous, then overlapped), {steps} "
+                  f"steps each, {rounds} round(s)")
     figures = peers_figures(spec, storage, steps, rounds, overrides)
     return {"peers: s per RL step, ours / TRL": figures["ours / trl, s per step"],
+            "peers: s per RL step, ours with rollout.overlap 1 / TRL": figures["ours, overlap 1 / trl, s per step"],
             "peers: start-up, ours / TRL": figures["ours / trl, start-up"]}, figures
 
 

@@ -4,7 +4,9 @@ Both sides train the trial spec's policy on the same prompts in the same order (
 `step_prompts`, fed to TRL unshuffled; the prompt token ids are checked equal), rewarded by the same
 verifier, in the same shape: P prompts x N samples per RL step, the same new-token budget, micro-batch
 and learning rate, one optimizer step per RL step, clip (0.2, 0.28), token-mean loss, group-std
-advantages, no KL, a fixed temperature of 1.0, one torch thread per compute process. What differs:
+advantages, no KL, a fixed temperature of 1.0, one torch thread per compute process, and the spec's
+`learner.gradient_checkpointing` (off in the default; TRL's GRPOConfig defaults to on, which recomputes
+every layer in backward, so it is passed explicitly). What differs:
 this project runs the rollout service and the verifier as Ray actors, the learner under DeepSpeed
 (ZeRO-1) in a Ray Train worker, and syncs the weights to the engine after each step; TRL generates
 with transformers in the trainer's own process, under accelerate. TRL is never a dependency of the
@@ -33,7 +35,8 @@ def shared_settings(cfg) -> dict:
     """The work both sides do, from the trial spec (the settings each side is given)."""
     return {"steps": cfg.learner.steps, "prompts_per_step": cfg.learner.prompts_per_step,
             "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
-            "micro_batch_size": cfg.learner.micro_batch_size, "lr": cfg.learner.lr, "seed": cfg.seed}
+            "micro_batch_size": cfg.learner.micro_batch_size, "lr": cfg.learner.lr, "seed": cfg.seed,
+            "gradient_checkpointing": cfg.learner.gradient_checkpointing}
 
 
 def our_overrides(steps: int, storage: str, name: str) -> list[str]:
@@ -103,8 +106,8 @@ def trl_main(args_path: str) -> None:
         num_generations=a["group_size"], max_completion_length=a["max_new_tokens"], temperature=1.0, top_k=0,
         top_p=1.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", beta=0.0,
         num_iterations=1, shuffle_dataset=False, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        seed=a["seed"], use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=1,
-        disable_tqdm=True, dataloader_num_workers=0)
+        seed=a["seed"], gradient_checkpointing=a["gradient_checkpointing"], use_cpu=True, bf16=False, fp16=False,
+        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
     model = AutoModelForCausalLM.from_pretrained(a["model_path"], dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": a["prompts"], "answer": a["answers"]}),
@@ -140,15 +143,21 @@ def run_ours(spec: str, steps: int, storage: Path, overrides: list[str]) -> dict
     return {"step_s": [steps_s[s] for s in sorted(steps_s)], "startup_s": (first.timestamp - start_ms) / 1000 - first.value}
 
 
+# Ours twice: the default synchronous loop, and generation overlapped with the update (rollout.overlap 1,
+# one step off-policy: the same work, the engine generating during the update, which TRL does not do).
+OURS = {"ours": [], "ours, overlap 1": ["rollout.overlap=1"]}
+
+
 def peers_figures(spec: str, storage: Path, steps: int, rounds: int, overrides: list[str]) -> dict:
-    """`rounds` paired runs, alternating which side goes first; the medians and their ratios."""
+    """`rounds` rounds of one run per side, the order rotated each round; the medians and their ratios."""
     from orchestrator.spec import load_trial_spec
 
     cfg = load_trial_spec(spec, [*overrides, *our_overrides(steps, str(storage), "peers")])
-    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    order = [*OURS, "trl"]
+    runs: dict[str, list[dict]] = {side: [] for side in order}
     for r in range(rounds):
-        for side in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
-            runs[side].append(run_ours(spec, steps, storage, overrides) if side == "ours"
+        for side in order[r % len(order):] + order[:r % len(order)]:
+            runs[side].append(run_ours(spec, steps, storage, [*overrides, *OURS[side]]) if side in OURS
                               else run_trl(cfg, storage / f"trl-{r}"))
     per_step = cfg.learner.prompts_per_step * cfg.rollout.group_size
     sides = {}
@@ -156,11 +165,10 @@ def peers_figures(spec: str, storage: Path, steps: int, rounds: int, overrides: 
         step_s = statistics.median(s for result in results for s in result["step_s"][WARMUP_STEPS:])
         sides[side] = {"median_step_s": step_s, "sequences_per_s": per_step / step_s,
                        "startup_s": statistics.median(result["startup_s"] for result in results), "runs": results}
+    trl = sides["trl"]
     return {"sides": sides, "rounds": rounds, "steps": steps, "settings": shared_settings(cfg),
-            "trl / ours, s per step": sides["trl"]["median_step_s"] / sides["ours"]["median_step_s"],
-            "ours / trl, s per step": sides["ours"]["median_step_s"] / sides["trl"]["median_step_s"],
-            "ours / trl, start-up": sides["ours"]["startup_s"] / sides["trl"]["startup_s"]}
-
+            **{f"{side} / trl, s per step": sides[side]["median_step_s"] / trl["median_step_s"] for side in OURS},
+            "ours / trl, start-up": sides["ours"]["startup_s"] / trl["startup_s"]}
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["trl"] or len(sys.argv) != 3:

@@ -109,7 +109,8 @@ def test_a_simulated_rate_passes_within_twice_its_monte_carlo_error():
 
 def test_the_peers_row_gives_both_sides_the_same_work():
     """TRL's side is handed the prompts this project's trial reads, in its order, as text whose tokens are
-    the trial's prompt ids; the trial's side is GRPO at a fixed T = 1 with one optimizer step per RL step."""
+    the trial's prompt ids; the trial's side is GRPO at a fixed T = 1 with one optimizer step per RL step;
+    both recompute layers in backward or neither (TRL's own default is to recompute)."""
     from transformers import AutoTokenizer
 
     from bench.peers import our_overrides, trl_inputs
@@ -121,6 +122,7 @@ def test_the_peers_row_gives_both_sides_the_same_work():
     assert (cfg.algorithm.name, cfg.rollout.decoding.schedule, cfg.rollout.decoding.temperature) == ("grpo", "fixed", 1.0)
     assert cfg.learner.minibatches == 1 and cfg.validation.every == 0 and cfg.algorithm.kl_coef == 0
     work = trl_inputs(cfg)
+    assert work["gradient_checkpointing"] is cfg.learner.gradient_checkpointing is False
     problems = train_problems(cfg)
     first = [problems[i] for i in step_prompts(len(problems), 0, cfg.learner.prompts_per_step, 0, 1, cfg.seed)]
     assert len(work["prompts"]) == 3 * cfg.learner.prompts_per_step and work["answers"][:8] == [p.answer for p in first]
