@@ -15,14 +15,16 @@ noise), checked against its target, printed as one table and written as JSON:
            and how soon a command refuses a bad spec (a fresh process, median of three);
   learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
            response token over one fp32 logits row at V = 151,936, and update tokens/s;
-  peers    TRL's GRPOTrainer against one trial of this project on the same work (bench/peers.py): s per
-           RL step and start-up, ours over TRL's, paired runs in alternating order;
+  peers    TRL's GRPOTrainer against one trial of this project on the same work (bench/peers.py), ours
+           synchronous and with rollout.overlap 1: s per RL step and start-up, ours over TRL's, and Ray
+           Train's own start (an empty train function) over TRL's, one run per side a round, the order
+           rotated each round;
   decisions the sweep's decision procedure on simulated configurations of known truth (bench/decisions.py):
            error rates, the chance the truly best is pruned or confirmed, and the compute spent, old
            procedure beside new; `python -m bench decisions` runs this section alone.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
-full run took about 7 minutes on 2 cores before the peers row, which adds about 2.5 (145 s measured alone).
+full run took about 7 minutes on 2 cores before the peers rows, which add about 3.5 (205 s measured alone).
 docs/performance.md explains the cost model.
 """
 
@@ -63,6 +65,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "peers: s per RL step, ours / TRL": ("<=", 0.85),
     "peers: s per RL step, ours with rollout.overlap 1 / TRL": None,
     "peers: start-up, ours / TRL": ("<=", 2.0),
+    "peers: start-up, Ray Train's own (an empty train function) / TRL": None,
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
     "default sweep trial compute / wall": None,
     "default sweep wall (min)": ("<=", 12.0),
@@ -201,9 +204,11 @@ def peer_rows(spec: str, storage: Path, steps: int, quick: bool, overrides: list
     console.print(f"[bold]peers[/bold]: TRL's GRPOTrainer and one trial (synchronous, then overlapped), {steps} "
                   f"steps each, {rounds} round(s)")
     figures = peers_figures(spec, storage, steps, rounds, overrides)
+    floor = figures["ray train floor / trl, start-up"]
     return {"peers: s per RL step, ours / TRL": figures["ours / trl, s per step"],
             "peers: s per RL step, ours with rollout.overlap 1 / TRL": figures["ours, overlap 1 / trl, s per step"],
-            "peers: start-up, ours / TRL": figures["ours / trl, start-up"]}, figures
+            "peers: start-up, ours / TRL": figures["ours / trl, start-up"],
+            "peers: start-up, Ray Train's own (an empty train function) / TRL": floor}, figures
 
 
 def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:

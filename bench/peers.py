@@ -12,10 +12,14 @@ this project runs the rollout service and the verifier as Ray actors, the learne
 with transformers in the trainer's own process, under accelerate. TRL is never a dependency of the
 product: it is in the `bench` extra.
 
+Ours runs twice: the default synchronous loop, and with rollout.overlap 1 (the engine generates the
+next batch during the update, one step off-policy), which TRL's loop does not do.
+
 Start-up is timed to the start of the first RL step: ours from the call to `orchestrator.train.run`
 (Ray, the actors, the worker group, whose processes import torch, transformers and DeepSpeed, and
 DeepSpeed's engine; the bench's own process has imported the project before), TRL's from its process's
-start (its imports of torch, transformers and TRL, the model, the trainer).
+start (its imports of torch, transformers and TRL, the model, the trainer). Beside them, Ray Train's own
+start: an empty train function on one rank, the cluster up (`ray_train_floor`).
 `python -m bench.peers trl ARGS.json` is TRL's side, run in a fresh process.
 """
 
@@ -143,6 +147,26 @@ def run_ours(spec: str, steps: int, storage: Path, overrides: list[str]) -> dict
     return {"step_s": [steps_s[s] for s in sorted(steps_s)], "startup_s": (first.timestamp - start_ms) / 1000 - first.value}
 
 
+def ray_train_floor(storage: Path) -> float:
+    """Seconds from `TorchTrainer.fit()` to the first line of an empty train function: one gloo rank, the
+    cluster already up. What Ray Train's controller, its actors and its worker group cost before a trial's
+    own code starts (no import of this project's, no engine, no DeepSpeed)."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    name = f"floor-{time.time_ns()}"
+    mark = storage / f"{name}.started"
+
+    def started(config: dict) -> None:  # defined here, so that Ray ships it by value
+        Path(config["mark"]).write_text(repr(time.time()))
+
+    start = time.time()
+    TorchTrainer(started, train_loop_config={"mark": str(mark)}, torch_config=TorchConfig(backend="gloo"),
+                 scaling_config=ScalingConfig(num_workers=1),
+                 run_config=RunConfig(storage_path=str(storage.resolve()), name=name)).fit()
+    return float(mark.read_text()) - start
+
+
 # Ours twice: the default synchronous loop, and generation overlapped with the update (rollout.overlap 1,
 # one step off-policy: the same work, the engine generating during the update, which TRL does not do).
 OURS = {"ours": [], "ours, overlap 1": ["rollout.overlap=1"]}
@@ -159,6 +183,7 @@ def peers_figures(spec: str, storage: Path, steps: int, rounds: int, overrides: 
         for side in order[r % len(order):] + order[:r % len(order)]:
             runs[side].append(run_ours(spec, steps, storage, [*overrides, *OURS[side]]) if side in OURS
                               else run_trl(cfg, storage / f"trl-{r}"))
+    floor = statistics.median(ray_train_floor(storage) for _ in range(rounds))  # after ours: Ray is up
     per_step = cfg.learner.prompts_per_step * cfg.rollout.group_size
     sides = {}
     for side, results in runs.items():
@@ -168,7 +193,11 @@ def peers_figures(spec: str, storage: Path, steps: int, rounds: int, overrides: 
     trl = sides["trl"]
     return {"sides": sides, "rounds": rounds, "steps": steps, "settings": shared_settings(cfg),
             **{f"{side} / trl, s per step": sides[side]["median_step_s"] / trl["median_step_s"] for side in OURS},
-            "ours / trl, start-up": sides["ours"]["startup_s"] / trl["startup_s"]}
+            # Both of ours start alike (the overlap changes nothing before the first step); the first run
+            # of the bench's process also starts Ray.
+            "ours / trl, start-up": statistics.median(run["startup_s"] for side in OURS for run in runs[side])
+            / trl["startup_s"],
+            "ray train floor_s": floor, "ray train floor / trl, start-up": floor / trl["startup_s"]}
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["trl"] or len(sys.argv) != 3:
