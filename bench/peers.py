@@ -154,7 +154,7 @@ def ray_train_floor(storage: Path) -> float:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    name = f"floor-{time.time_ns()}"
+    name, storage = f"floor-{time.time_ns()}", storage.resolve()  # a rank's working folder is not ours
     mark = storage / f"{name}.started"
 
     def started(config: dict) -> None:  # defined here, so that Ray ships it by value
@@ -163,7 +163,7 @@ def ray_train_floor(storage: Path) -> float:
     start = time.time()
     TorchTrainer(started, train_loop_config={"mark": str(mark)}, torch_config=TorchConfig(backend="gloo"),
                  scaling_config=ScalingConfig(num_workers=1),
-                 run_config=RunConfig(storage_path=str(storage.resolve()), name=name)).fit()
+                 run_config=RunConfig(storage_path=str(storage), name=name)).fit()
     return float(mark.read_text()) - start
 
 
@@ -198,6 +198,7 @@ def peers_figures(spec: str, storage: Path, steps: int, rounds: int, overrides: 
             "ours / trl, start-up": statistics.median(run["startup_s"] for side in OURS for run in runs[side])
             / trl["startup_s"],
             "ray train floor_s": floor, "ray train floor / trl, start-up": floor / trl["startup_s"]}
+
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["trl"] or len(sys.argv) != 3:
