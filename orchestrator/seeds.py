@@ -22,10 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ray.train.v2.api.callback import UserCallback
-
 from orchestrator.console import short_params
 from orchestrator.launch import fit_trial, load_offline, trials_that_fit
+from orchestrator.relay import SeedReport
 from orchestrator.scheduler import pruned_at
 from orchestrator.spec import apply_overrides
 from orchestrator.stats import seed_interval
@@ -79,16 +78,6 @@ def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage:
     return [TrialConfig.model_validate(apply_overrides(base, {
         **quiet, **overrides, "seed": first.seed + r, "task.seed": first.task_seed, "storage": storage,
         "name": seed_name(config_id, first.seed + r)})) for r in offsets]
-
-
-class SeedReport(UserCallback):
-    """Ray Train callback: hands each of a seed's reports (rank 0's metrics) to the group's queue."""
-
-    def __init__(self, inbox, index: int):
-        self.inbox, self.index = inbox, index
-
-    def after_report(self, run_context, metrics, checkpoint):
-        self.inbox.put((self.index, dict(metrics[0])))
 
 
 def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, float]:

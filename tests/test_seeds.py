@@ -4,6 +4,8 @@ group's report at a step, when a step is reported, and which prompts each rank r
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +34,15 @@ def test_group_metrics_one_seed_takes_the_validation_error_and_drops_nan():
     assert "policy/kl" not in out
     # A step without the objective (between validations) has no interval and no per-seed values.
     assert group_metrics([{"loss": 1.0}, {"loss": 2.0}], "val/accuracy") == {"loss": 1.5}
+
+
+def test_the_controllers_callback_imports_no_part_of_the_trial():
+    # Ray Train imports the callback's module in each seed's controller: Ray alone, not the trial's stack.
+    heavy = ["torch", "transformers", "deepspeed", "math_verify", "mlflow", "optuna"]
+    code = f"import sys, orchestrator.relay; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert SeedGroup.run.__globals__["SeedReport"].__module__ == "orchestrator.relay"
 
 
 def group(seeds: int) -> tuple[SeedGroup, list[dict]]:
