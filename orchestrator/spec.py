@@ -162,10 +162,10 @@ def validate_trial(data: dict[str, Any], source: str, check_files: bool = True) 
         raise SpecError(format_validation_error(source, e)) from None
     check_metric(trial, trial.checkpoint.keep_best_by, f"{source}: checkpoint.keep_best_by")
     check_future(trial.checkpoint.save_by, f"{source}: checkpoint.save_by")
-    check_positions(trial, source)
-    if check_files:
-        check_benchmark_files(trial, source)
+    if check_files:  # a file's own problems first, then what combines it with the model: the user's order of fixes
         check_trial_inputs(trial, source)
+        check_benchmark_files(trial, source)
+    check_positions(trial, source)
     return trial
 
 

@@ -283,7 +283,7 @@ def test_unsupported_extension(tmp_path):
 def test_unreadable_and_empty_files(tmp_path):
     garbage = tmp_path / "aime24.parquet"
     garbage.write_bytes(b"this is not parquet\nat all\n")
-    assert "could not be read" in error_of("aime24", garbage)
+    assert "is not readable as .parquet" in error_of("aime24", garbage)
     empty = tmp_path / "aime24.jsonl"
     empty.write_text("\n", encoding="utf-8")
     assert "has no rows" in error_of("aime24", empty)
@@ -297,3 +297,12 @@ def test_builtin_validation_is_the_task_validation_split():
     assert len(problems) == cfg.val_size == len(val)
     assert problems == [BenchmarkProblem(f"arithmetic-{p.uid}", p.question, p.answer) for p in val]
     assert builtin_validation(cfg, 0) == problems and all(p.choices == () for p in problems)
+
+
+def test_non_finite_gold_answers_are_skipped_and_counted(tmp_path):
+    """A gold answer "nan" or "inf" names no value a response could match (math-verify would call a boxed
+    nan correct): skipped as invalid, counted, as in a teacher's ground truth."""
+    rows = [{"problem": "1+1", "answer": "2"}, {"problem": "0/0", "answer": "nan"},
+            {"problem": "1/0", "answer": " -Infinity "}, {"problem": "x", "answer": "\\infty"}]
+    problems, skipped = load_benchmark("math500", write(tmp_path, "math500", ".jsonl", rows))
+    assert [p.answer for p in problems] == ["2", "\\infty"] and skipped == Counter({"invalid:answer": 2})

@@ -118,8 +118,8 @@ def test_model_folders_that_are_not_whole(capsys, tmp_path, make, expected):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (b"", "no usable row"),
-    (b"\xff\xfe\x00garbage\n", "utf-8"),
+    (b"", "empty (0 bytes)"),
+    (b"\xff\xfe\x00garbage\n", "not utf-8"),
     (b'{"prompt": "1+1", "nothing": "else"}\n', "no usable row"),
     (b"not json at all\n", "no usable row"),
 ])
@@ -129,6 +129,18 @@ def test_offline_files_that_yield_nothing(capsys, tmp_path, content, expected):
     line = train_with(capsys, tmp_path, f"offline.files=[{{path: {data}}}]", named=("offline.files[0].path",),
                       spec="search_spaces/oger.yaml")
     assert str(data) in line and expected in line.lower()
+
+
+def test_a_data_files_own_problem_is_reported_before_what_combines_it_with_the_model(capsys, tmp_path):
+    """offline_prompts on the tiny model also exceeds its positions (a prompt allowance of 1024): the user
+    is told first what is wrong with the file, which they fix first."""
+    data, bench = tmp_path / "prompts.jsonl", tmp_path / "math500.jsonl"
+    data.write_bytes(b"\xff\xfe not text\n")
+    bench.write_text(json.dumps({"problem": "1+1", "answer": "2", "unique_id": "a"}) + "\n")
+    line = train_with(capsys, tmp_path, "task.name=offline_prompts", "offline.teachers=[]",
+                      f"validation.benchmarks={{math500: {bench}}}", f"offline.files=[{{path: {data}}}]",
+                      named=("offline.files[0].path", "not UTF-8"))
+    assert "max_new_tokens" not in line
 
 
 def test_offline_file_missing_or_of_unknown_kind(capsys, tmp_path):
@@ -276,6 +288,8 @@ def test_a_response_budget_beyond_the_models_positions(capsys, tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 100}))
+    safetensors(folder / "model.safetensors", 16, 16)  # a whole folder: its own problems are reported first
+    (folder / "tokenizer.json").write_text("{}")
     train_with(capsys, tmp_path, f"model.path={folder}", named=("rollout.max_new_tokens", str(folder / "config.json")))
 
 

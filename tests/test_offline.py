@@ -231,10 +231,13 @@ def test_parquet_luffy_layout(tmp_path):
     assert store.skipped == skipped + Counter({"incorrect": 1, "overlong": 1})
     check_kept(store)
     check_table(store)
-    # A dotted override reaching a column of the wrong type: every row is "type:target".
-    _, skipped = read_rows(path, columns={"target": "extra_info.index"})
-    # The null-prompt and empty-ground-truth rows are lost to those fields first (checked before target).
-    assert skipped == Counter({"type:target": len(records) - 2, "missing:prompt": 1, "empty:ground_truth": 1})
+    # A dotted override reaching a column of the wrong type: every row is "type:target", and a file with no
+    # usable row is refused, its counts named. The null-prompt and empty-ground-truth rows are lost to those
+    # fields first (checked before target).
+    with pytest.raises(ValueError, match="yields no usable row") as refused:
+        read_rows(path, columns={"target": "extra_info.index"})
+    for reason, count in {"type:target": len(records) - 2, "missing:prompt": 1, "empty:ground_truth": 1}.items():
+        assert f"'{reason}': {count}" in str(refused.value)
 
 
 def test_every_format_gives_the_same_rows(tmp_path):
@@ -314,3 +317,28 @@ def test_offline_prompts_task_trains_on_the_teachers_questions(tmp_path):
     assert [(p.question, p.answer) for p in problems] == [
         ("What is 2+3?", "5"), ("What is 4+4?", "8"), ("What is 7*3?", "21"), ("What is 4+5?", "9")]
     assert len({p.uid for p in problems}) == 4
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("t.jsonl", b"", "is empty (0 bytes)"), ("t.parquet", b"", "is empty (0 bytes)"),
+    ("t.jsonl", b"\n\n", "yields no usable row"), ("t.jsonl", b'{"prompt": "\xff"}\n', "is not UTF-8 text"),
+    ("t.parquet", b"PAR1 not a parquet file", "is not readable as .parquet"),
+])
+def test_a_data_file_that_gives_nothing_is_refused_by_name(tmp_path, name, content, expected):
+    """The Python reader says what the command line says: the file by name and its own problem, one line."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as refused:
+        read_rows(path)
+    message = str(refused.value)
+    assert expected in message and str(path) in message and "\n" not in message, message
+
+
+def test_a_non_finite_ground_truth_is_skipped_and_counted(tmp_path):
+    rows = [{"prompt": "1+1", "target": "<think>2</think> \\boxed{2}", "reward_model": {"ground_truth": "2"}},
+            {"prompt": "0/0", "target": "<think>nan</think> \\boxed{nan}", "reward_model": {"ground_truth": "nan"}},
+            {"prompt": "1/0", "target": "<think>inf</think> \\boxed{inf}", "reward_model": {"ground_truth": "inf"}}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    kept, skipped = read_rows(path)
+    assert [r["answer"] for r in kept] == ["2"] and skipped == Counter({"invalid:ground_truth": 2})

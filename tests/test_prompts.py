@@ -116,3 +116,16 @@ def test_a_files_chat_list_is_kept_whole(tmp_path):
     problems = train_problems(cfg)
     assert problems[0].messages == FILE_TURNS
     assert chat_messages(problems[0], "dataset")[0] == {"role": "system", "content": "Answer tersely."}
+
+
+def test_a_prompt_past_the_context_is_left_out_and_counted(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    from trainables.tasks import within_context
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    problems = [Problem("a", "1 + 1 = ?", "2", level=1), Problem("b", "1 + " * 5000 + "1 = ?", "5001", level=1),
+                Problem("c", "2 + 2 = ?", "4", level=1)]
+    budget = len(encode_prompt(tokenizer, problems[0], PromptConfig())) + 10
+    kept, overlong = within_context(problems, tokenizer, PromptConfig(), budget)
+    assert [p.uid for p in kept] == ["a", "c"] and overlong == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,7 +27,8 @@ from ray.train.torch import get_device
 from trainables.runtime import calls, resume
 from trainables.config import VAL_STEP, TrialConfig
 from trainables.data.arithmetic import Problem
-from trainables.tasks import encode_prompt, load_benchmarks, train_problems
+from trainables.data.benchmarks import BUILTIN
+from trainables.tasks import encode_prompt, load_benchmarks, train_problems, within_context
 from trainables.data.offline import OfflineStore
 from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
@@ -104,23 +106,17 @@ class Trial:
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
         torch.set_num_threads(max(1, int(cfg.learner.cpus_per_worker)))
         seed_everything(cfg.seed + self.rank)
-        self.train_set = train_problems(cfg)
-        val_sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed,
-                                            cfg.validation.num_prompts)
-        for name, counts in skipped.items():
-            if counts and self.rank == 0:
-                print(f"[trial {cfg.name}] validation {name}: skipped {sum(counts.values())} rows {dict(counts)}",
-                      flush=True)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.train_set, val_sets = self.load_problems(model_path)
         self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
         # On GPUs, the device Ray Train gave this rank (it sets CUDA_VISIBLE_DEVICES and the local rank).
         device = str(get_device()) if cfg.learner.use_gpu else "cpu"
         self.startup_marks["data"] = time.time()
         self.learner = Learner(model_path, cfg, world_size=self.world, device=device)
         self.startup_marks["learner"] = time.time()
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.pad_id = self.tokenizer.pad_token_id
         self.client = RolloutClient(engines, cfg.rollout, self.learner, trial=cfg.name, rank=self.rank,
                                     timeout_s=cfg.checkpoint.actor_timeout_s)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
@@ -135,6 +131,31 @@ class Trial:
         self.save_seconds: float | None = None  # the latest checkpoint's cost, for the deadline
         self.last_step_seconds: float | None = None
         self.notices = Notices(self.rank, engines)  # drains and SIGTERM: checkpoint before the resources go
+
+    def load_problems(self, model_path: str) -> tuple[list[Problem], dict[str, list]]:
+        """(training problems, {benchmark: validation problems}); a file's problem whose prompt leaves no room
+        for a response in the policy's context is skipped and counted ("overlong"), never sent to an engine."""
+        from transformers import AutoConfig
+
+        cfg = self.cfg
+        budget = AutoConfig.from_pretrained(model_path).max_position_embeddings - cfg.rollout.max_new_tokens
+        train_set, val_sets = train_problems(cfg), {}
+        if cfg.task.name == "offline_prompts":  # the built-in task's prompts are a few dozen tokens
+            train_set, overlong = within_context(train_set, self.tokenizer, cfg.prompt, budget)
+            self.say_skipped("training prompts", Counter(overlong=overlong))
+        sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed, cfg.validation.num_prompts)
+        for name, problems in sets.items():
+            if name != BUILTIN:
+                problems, overlong = within_context(problems, self.tokenizer, cfg.validation.prompt or cfg.prompt,
+                                                    budget)
+                skipped[name] = skipped.get(name, Counter()) + Counter(overlong=overlong)
+            self.say_skipped(f"validation {name}", skipped.get(name, Counter()))
+            val_sets[name] = problems
+        return train_set, val_sets
+
+    def say_skipped(self, what: str, counts: Counter) -> None:
+        if +counts and self.rank == 0:
+            print(f"[trial {self.cfg.name}] {what}: skipped {sum(counts.values())} rows {dict(+counts)}", flush=True)
 
     @property
     def latest_val(self) -> dict[str, float]:

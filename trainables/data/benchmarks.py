@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainables.data.arithmetic import Problem
-from trainables.data.records import READERS, BadRecord, check_row, read_records, suffix_of, text
+from trainables.data.records import READERS, BadRecord, answer, check_row, file_problem, read_records, suffix_of, text
 
 BUILTIN = "arithmetic"  # the built-in task's validation split; it has no file
 LETTERS = string.ascii_uppercase  # option letters; MMLU-Pro uses up to J
@@ -66,7 +66,7 @@ def _answer_text(value: Any) -> str:
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    return text(value, "answer").strip()
+    return answer(value, "answer")
 
 
 def _options(value: Any) -> tuple[str, ...]:
@@ -202,9 +202,7 @@ def _read(name: str, layout: Layout, path: Path) -> list[Any]:
     try:
         records = list(read_records(path))
     except (OSError, ValueError, RecursionError) as error:  # pyarrow's ArrowInvalid, JSON and UTF-8 errors: ValueErrors
-        detail = "nested too deeply" if isinstance(error, RecursionError) else " ".join(str(error).split())
-        raise BenchmarkError(f"{where} could not be read as {path.suffix}: {detail}; expected "
-                             f"{layout.describe()}") from None
+        raise BenchmarkError(f"{where} is {file_problem(path, error)}; expected {layout.describe()}") from None
     if not records:
         raise BenchmarkError(f"{where} has no rows; expected {layout.describe()}")
     found = list(dict.fromkeys(key for record in records if isinstance(record, Mapping) for key in record))

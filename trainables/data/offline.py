@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainables.data.arithmetic import TEACHERS, Problem, teacher_dataset
-from trainables.data.records import READERS, BadRecord, check_row, read_records, suffix_of, text
+from trainables.data.records import READERS, BadRecord, answer, check_row, file_problem, read_records, suffix_of, text
 from trainables.rewards.verify import THINK_OPEN, score_batch
 
 RAW_KEYS = ("question", "answer", "teacher", "solution")
@@ -146,7 +146,7 @@ def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str
         record = check_row(record)
         prompt = _lookup(record, columns["prompt"])
         question, turns = _prompt_text(prompt), _prompt_turns(prompt)
-        answer = text(_lookup(record, columns["ground_truth"]), "ground_truth")
+        gold = answer(_lookup(record, columns["ground_truth"]), "ground_truth")
         teacher = _source(_lookup(record, columns["source"]))
         items = _target_items(_lookup(record, columns["target"]))
     except BadRecord as bad:
@@ -154,7 +154,7 @@ def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str
     rows, skipped = [], Counter()
     for item in items:  # a bad target loses only itself
         try:
-            rows.append({"question": question, "answer": answer, "teacher": teacher, "solution": _target_text(item),
+            rows.append({"question": question, "answer": gold, "teacher": teacher, "solution": _target_text(item),
                          **({"messages": turns} if turns else {})})
         except BadRecord as bad:
             skipped[bad.reason] += 1
@@ -182,7 +182,8 @@ def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tup
         ground_truth -> "reward_model.ground_truth"  non-empty string (nested dict in Parquet / JSON)
         source       -> "data_source"                teacher name; "offline" where absent
 
-    Every element of a target list is one row. Malformed records are skipped and counted, never raised.
+    Every element of a target list is one row. Malformed records are skipped and counted; a file with no
+    usable row, or that is not of its format (empty, not UTF-8, not Parquet), raises ValueError naming it.
     """
     path = Path(path)
     if suffix_of(path) is None:
@@ -191,10 +192,18 @@ def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tup
         raise FileNotFoundError(f"offline data file {str(path)!r} does not exist; check the path in the spec")
     mapping = _resolve_columns(columns)
     rows, skipped = [], Counter()
-    for record in read_records(path):
-        good, bad = _record_rows(record, mapping)
-        rows += good
-        skipped += bad
+    try:
+        for record in read_records(path):
+            good, bad = _record_rows(record, mapping)
+            rows += good
+            skipped += bad
+    except (OSError, ValueError, RecursionError) as e:  # pyarrow's ArrowInvalid, JSON's and UTF-8's: ValueErrors
+        raise ValueError(f"offline data file {str(path)!r} is {file_problem(path, e)}") from None
+    if not rows and path.stat().st_size == 0:
+        raise ValueError(f"offline data file {str(path)!r} is empty (0 bytes)")
+    if not rows:
+        raise ValueError(f"offline data file {str(path)!r} yields no usable row (skipped: "
+                         f"{dict(skipped) or 'no rows in it'})")
     return rows, skipped
 
 

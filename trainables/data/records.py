@@ -10,6 +10,7 @@ caller cannot use raises `BadRecord` with its reason, "<kind>:<field>": missing,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,19 @@ def text(value: Any, field: str) -> str:
         raise BadRecord(f"type:{field}")
     if not value.strip():
         raise BadRecord(f"empty:{field}")
+    return value
+
+
+def answer(value: Any, field: str) -> str:
+    """A gold answer's text (`text`, stripped), or BadRecord("invalid:<field>") for one that names no value
+    a response could match: "nan", "inf" and the other spellings Python reads as a non-finite float."""
+    value = text(value, field).strip()
+    try:
+        finite = math.isfinite(float(value))
+    except ValueError:  # not a number: an expression, a word, a letter
+        return value
+    if not finite:
+        raise BadRecord(f"invalid:{field}")
     return value
 
 
@@ -100,3 +114,18 @@ def read_records(path: Path) -> Iterator[Any]:
     """The file's records, in file order (streamed where the format allows); its suffix is one of READERS.
     Raises OSError or ValueError (pyarrow's, JSON's, UTF-8's) where the file is not of its format."""
     return READERS[suffix_of(path)](path)
+
+
+def file_problem(path: Path, error: BaseException) -> str:
+    """What is wrong with the data file itself, in a few words, from the error reading it raised."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {error.start})"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    try:
+        if path.stat().st_size == 0:
+            return "empty (0 bytes)"
+    except OSError:
+        pass
+    detail = " ".join(str(error).split()) or type(error).__name__
+    return f"not readable as {suffix_of(path) or path.suffix} ({detail})"
