@@ -124,8 +124,10 @@ class RaySnapshot(BaseModel):
     latest_checkpoint_result: Entry | None = None
 
 
-def unusable(folder: str, problem: str) -> None:
+def unusable(folder: str, problem: str, seen: list[str] | None = None) -> None:
     console.print(f"[yellow]checkpoint {folder} is unusable:[/yellow] {problem}; trying the one before it")
+    if seen is not None:
+        seen.append(f"{folder}: {problem}")
 
 
 def trial_checkpoints(target: Path) -> list[str]:
@@ -166,10 +168,13 @@ def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
             export_policy(folder, exported)
         return exported, trial_state.trial
 
+    seen: list[str] = []
     found = checkpoint.first_intact(((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
-                                    lambda _, folder: checkpoint.saved_world_size(folder) or 1, export, unusable)
+                                    lambda _, folder: checkpoint.saved_world_size(folder) or 1, export,
+                                    lambda folder, problem: unusable(folder, problem, seen))
     if found is None:
-        raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}")
+        latest = f"; the latest, {seen[0]}" if seen else " (it lists none)"
+        raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}{latest}")
     return found[1]
 
 

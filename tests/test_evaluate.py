@@ -4,6 +4,8 @@ checkpoint (exported to a Hugging Face folder) evaluated through the real rollou
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -11,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator import evaluate, report, train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import default_tracking_uri
+from trainables.runtime.checkpoint import write_manifest
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -136,7 +139,9 @@ def test_checkpoints_whose_trial_state_is_malformed_are_unusable(tmp_path, capsy
                                                                                        manifest(files)}})
     assert evaluate.main([str(target)]) == 2
     out = capsys.readouterr().out
-    assert "checkpoint_1 is unusable" in out and expected in out and "no intact checkpoint" in out, out
+    last = out.strip().splitlines()[-1]  # the error itself names the file and what was wrong with it
+    assert "checkpoint_1 is unusable" in out and "no intact checkpoint" in last, out
+    assert "trial_state.json" in last and expected in last, out
     assert not (target / "export").exists()
 
 
@@ -159,3 +164,35 @@ def test_a_checkpoint_that_links_out_of_the_trial_folder_is_never_read(tmp_path,
     out = capsys.readouterr().out
     assert "links out of the trial folder" in out or "a link out of the trial folder" in out, out
     assert "no intact checkpoint" in out
+
+
+class Payload:
+    """What a crafted checkpoint file would run when unpickled: it creates a marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_whose_deepspeed_files_are_foreign_is_refused_in_one_line_naming_the_file(
+        tiny_model_path, tmp_path, capsys):
+    """The weights-only guard holds inside DeepSpeed's loader, and the user reads which file it refused."""
+    import torch
+
+    marker = tmp_path / "ran"
+    target = trial_folder(tmp_path, snapshot_of("checkpoint_1"), {"checkpoint_1": {}})
+    folder = target / "checkpoint_1"
+    (folder / "engine").mkdir()
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        torch.save({"module": Payload(marker)}, folder / "engine" / name)
+    (folder / "engine" / "latest").write_text("engine")
+    state = {"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": str(tiny_model_path), "trial": {}}
+    (folder / "trial_state.json").write_text(json.dumps(state))
+    write_manifest(folder, 0, 1)
+    assert evaluate.main([str(target)]) == 2
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("error:") and "engine/mp_rank_00_model_states.pt" in last and "refused unread" in last, out
+    assert not marker.exists() and not (target / "export" / "checkpoint_1" / "config.json").exists()

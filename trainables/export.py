@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainables.runtime.checkpoint import TRIAL_STATE, TrialState, allow_deepspeed_records, read_record
+from trainables.runtime.checkpoint import TRIAL_STATE, TrialState, allow_deepspeed_records, load_engine, read_record
 
 
 def checkpoint_model_path(checkpoint_dir: str | Path) -> str:
@@ -24,7 +24,8 @@ def export_policy(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
 
     allow_deepspeed_records()
     base = checkpoint_model_path(checkpoint_dir)
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="engine")
+    state = load_engine(lambda folder: get_fp32_state_dict_from_zero_checkpoint(str(folder), tag="engine"),
+                        checkpoint_dir)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding

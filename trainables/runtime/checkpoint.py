@@ -94,6 +94,29 @@ def read_rank_state(folder: str | Path, rank: int) -> dict:
                          f"({str(e).splitlines()[0]})") from None
 
 
+def foreign_file(folder: str | Path) -> str:
+    """The first file under `folder` (relative path) that holds objects other than tensors, plain data and
+    DeepSpeed's own records, or "a file" when every one reads: what a refused load names."""
+    allow_deepspeed_records()
+    folder = Path(folder)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".pt", ".pth", ".bin")):
+        try:
+            torch.load(path, weights_only=True, map_location="cpu")
+        except (pickle.UnpicklingError, RuntimeError, EOFError):
+            return str(path.relative_to(folder))
+    return "a file"
+
+
+def load_engine(load: Callable[[Path], T], folder: str | Path) -> T:
+    """`load(folder)` of a checkpoint's DeepSpeed files; a file holding pickled objects is refused unread
+    with a ValueError in one line that names it (torch's weights-only guard raised inside DeepSpeed)."""
+    try:
+        return load(Path(folder))
+    except pickle.UnpicklingError:
+        raise ValueError(f"{foreign_file(folder)} holds objects other than tensors and plain data, refused "
+                         "unread") from None
+
+
 def rank_file(rank: int) -> str:
     return f"rank_{rank}.pt"
 

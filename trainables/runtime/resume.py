@@ -12,7 +12,7 @@ from pathlib import Path
 import ray
 import torch
 
-from trainables.runtime.checkpoint import (TRIAL_STATE, TrialState, first_intact, rank_file, read_rank_state, read_record,
+from trainables.runtime.checkpoint import (TRIAL_STATE, TrialState, first_intact, load_engine, rank_file, read_rank_state, read_record,
                                    rng_state, saved_world_size, set_rng_state, write_manifest)
 from trainables.runtime.errors import CheckpointError, write_failure
 
@@ -56,17 +56,20 @@ def restore(learner, rank: int, world: int, trial: str) -> dict | None:
     def load(folder: Path) -> dict:
         state = read_record(folder / TRIAL_STATE, TrialState).model_dump()  # ValueError: unusable
         rank_state = read_rank_state(folder, rank)  # before the engine: a refused file loads nothing
-        learner.load(folder)
+        load_engine(learner.load, folder)
         set_rng_state(rank_state["rng"])
         return {**state, "next_rollouts": rank_state.get("next_rollouts")}
 
+    problems: list[str] = []
+
     def unusable(path: str, problem: str) -> None:
+        problems.append(f"{path}: {problem}")
         if rank == 0:
             print(f"[trial {trial}] checkpoint {path} is unusable: {problem}; trying the one before it", flush=True)
 
     found = first_intact(((c.path, c.as_directory()) for c in newest_first(latest)), same_world, load, unusable)
     if found is None:
-        raise CheckpointError(f"checkpoint: no intact checkpoint to resume {trial} from (latest: {latest.path})")
+        raise CheckpointError(f"checkpoint: no intact checkpoint to resume {trial} from; the latest, {problems[0]}")
     path, state = found
     if rank == 0:
         print(f"[trial {trial}] resumed after step {state['step'] + 1} from {path}", flush=True)
