@@ -76,15 +76,19 @@ class Lease:
         with self.fs.open_output_stream(self.path) as f:
             f.write(json.dumps({**self.me, "expires": time.time() + self.ttl_s}).encode())
 
+    def check_free(self, what: str) -> None:
+        """SpecError naming who holds the lease when another live command does: `what` is running."""
+        if self.live(held := self.holder()):
+            raise SpecError(f"{what}: is running ({held['host']}, pid {held['pid']}; its lease in {self.uri} "
+                            f"is renewed while it runs and lapses {self.ttl_s:.0f} s after it stops): wait for "
+                            "it, stop it, or use another name")
+
     def acquire(self, what: str) -> None:
         """Take the lease or raise SpecError naming who holds it; renewed until `release` or exit."""
         for earlier in [lease for lease in HELD if lease.uri == self.uri]:
             earlier.release()
         for _ in range(2):
-            if self.live(held := self.holder()):
-                raise SpecError(f"{what}: already running ({held['host']}, pid {held['pid']}; its lease in {self.uri} "
-                                f"is renewed while it runs and lapses {self.ttl_s:.0f} s after it stops): wait for "
-                                "it, stop it, or use another name")
+            self.check_free(what)
             self._write()
             time.sleep(SETTLE_S)
             if (self.holder() or {}).get("owner") == self.me["owner"]:

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from orchestrator.cli import later
 from orchestrator.console import console, number_table
-from orchestrator.lease import release_all
+from orchestrator.lease import Lease, release_all
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from orchestrator.spec import BEST_SPEC, SpecError, derived_numbers, load_trial_spec
 from trainables.config import TrialConfig
@@ -61,8 +61,10 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
     """Run (or with `resume` continue) the trial; its final metrics, with progress/preempted = 1 when
     it stopped early for a resume."""
     cfg.storage = launch.storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
+    what = f"trial {cfg.name!r} in {cfg.storage}"
+    Lease(launch.run_folder(cfg.storage, cfg.name)).check_free(what)  # one still starting is running, not "exists"
     check_fresh(cfg, resume)
-    launch.claim_folder(f"trial {cfg.name!r} in {cfg.storage}", cfg.storage, cfg.name,
+    launch.claim_folder(what, cfg.storage, cfg.name,
                         {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
     model_path = models.resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
