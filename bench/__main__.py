@@ -5,6 +5,9 @@ noise), checked against its target, printed as one table and written as JSON:
 
   sweep    the default sweep, `python -m orchestrator.sweep SPEC`, run whole: its peak memory (PSS),
            its wall time, and the share of it its trials spent computing RL steps;
+  seeds    what a seed costs: one configuration swept with 1 seed and with 3, every process's CPU seconds:
+           the share of an average seed's cost beyond a marginal seed's (its own work), and a later
+           seed's start;
   engines  EAD over fixed-temperature generation per backend (EAD's code path at tau = 1, so the
            same tokens are sampled; and the EAD recipe, whose hotter samples run longer), the
            rollout service actor over the same engine called in-process, the weight push by gloo
@@ -41,7 +44,7 @@ from pathlib import Path
 from orchestrator.console import console, number_table
 from orchestrator.tracking import tags_filter
 
-SECTIONS = ("sweep", "engines", "trials", "peers", "learner", "decisions")
+SECTIONS = ("sweep", "seeds", "engines", "trials", "peers", "learner", "decisions")
 ALGORITHMS = ("grpo", "luffy", "oger")
 # row -> (direction, target); None: reported, no target
 TARGETS: dict[str, tuple[str, float] | None] = {
@@ -68,7 +71,10 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "peers: start-up, Ray Train's own (an empty train function) / TRL": None,
     "default sweep peak memory, PSS (GiB)": ("<=", 6.0),
     "default sweep trial compute / wall": None,
-    "default sweep wall (min)": ("<=", 12.0),
+    "default sweep wall (min)": ("<=", 9.0),
+    "seeds: per-seed overhead share, 3 seeds (1 - a marginal seed's core-s / an average seed's)": ("<=", 0.15),
+    "seeds: core-s per seed, 3 seeds in one run / 1 seed alone": None,
+    "seeds: a later seed's own start, its data and learner built (s)": ("<=", 2.0),
     "default sweep report / its wall": ("<=", 0.02),
     "learner memory per response token / fp32 logits row (V = 151,936)": ("<=", 0.25),
     "learner memory per response token / fp32 logits row, full-logits pass": None,
@@ -128,6 +134,45 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
             "default sweep trial compute / wall": figures["compute_share"],
             "default sweep wall (min)": figures["wall_s"] / 60,
             "default sweep report / its wall": figures["report_share"]}, figures
+
+
+def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
+    """What a seed costs: one configuration swept with 1 seed and with 3, every process's CPU seconds summed
+    (bench/memory.py). The 2 more seeds' cost per seed is a seed's own work; what the average seed costs
+    beyond it is the overhead a seed still pays (the run's processes, imports, engines, Ray Train)."""
+    from bench.memory import peak_memory
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # their own clusters: all of them measured
+    steps = ["--set", "learner.steps=5", "--set", "validation.every=5"] if quick else []
+    figures = {}
+    for seeds in (1, 3):
+        name = f"seeds{seeds}-{time.time_ns()}"
+        command = [sys.executable, "-m", "orchestrator.sweep", spec, "--storage", str(storage), "--name", name,
+                   "--num-samples", "1", "--set", f"search.seeds={seeds}", *steps]
+        console.print(f"[bold]seeds[/bold]: {' '.join(command[1:])}")
+        run = peak_memory(command, interval_s=0.25, env=env)
+        if run["exit_code"]:
+            raise SystemExit(f"bench: the {seeds}-seed sweep failed (exit {run['exit_code']})")
+        figures[seeds] = {**run, "later_start_s": later_seed_start(storage, name)}
+    one, three = figures[1]["core_seconds"], figures[3]["core_seconds"]
+    marginal, average = (three - one) / 2, three / 3
+    figures.update(marginal_core_s=marginal, average_core_s=average)
+    return {"seeds: per-seed overhead share, 3 seeds (1 - a marginal seed's core-s / an average seed's)":
+            1 - marginal / average,
+            "seeds: core-s per seed, 3 seeds in one run / 1 seed alone": average / one,
+            "seeds: a later seed's own start, its data and learner built (s)": figures[3]["later_start_s"]}, figures
+
+
+def later_seed_start(storage: Path, name: str) -> float:
+    """The slowest later seed's own start in a sweep's run: its data and its learner (model, DeepSpeed), built
+    in the configuration's running process (its stages of timing/startup)."""
+    from orchestrator.tracking import Tracker, default_tracking_uri
+
+    tracker = Tracker(default_tracking_uri(str(storage)), "rlvr-explore")
+    runs = tracker.client.search_runs([tracker.experiment_id], tags_filter(sweep=name, kind="trial"))
+    later = [r for r in runs if int(r.data.params.get("seed", 0)) > 0]
+    return max((r.data.metrics.get("timing/startup_learner", 0.0) + r.data.metrics.get("timing/startup_data", 0.0)
+                for r in later), default=0.0)
 
 
 def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
@@ -326,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if section == "sweep":
             found, details["sweep"] = sweep_rows(args.spec, storage / "sweep", args.quick)
+        elif section == "seeds":
+            found, details["seeds"] = seed_rows(args.spec, storage / "seeds", args.quick)
         elif section == "engines":
             found, details["engines"] = engine_rows(cfg, args.quick)
         elif section == "learner":

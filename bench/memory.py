@@ -29,17 +29,31 @@ def tree_memory(root: psutil.Process) -> tuple[int, int]:
     return pss, rss
 
 
+def tree_cpu(root: psutil.Process, seen: dict[tuple[int, float], float]) -> None:
+    """Into `seen` ((pid, its start time) -> CPU seconds, user + system): `root` and its descendants now."""
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            with process.oneshot():
+                times = process.cpu_times()
+                seen[(process.pid, process.create_time())] = times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+
+
 def peak_memory(command: list[str], interval_s: float = 0.5, **popen) -> dict[str, float]:
-    """Run `command` to its end, sampling its process tree; its peaks in GiB, seconds and exit code."""
+    """Run `command` to its end, sampling its process tree; its peaks in GiB, seconds, exit code, and the
+    CPU seconds its processes spent (`core_seconds`: each process's last sample, so a process that exits
+    loses at most `interval_s` of its own)."""
     start = time.perf_counter()
     child = subprocess.Popen(command, **popen)
     root = psutil.Process(child.pid)
-    peaks, done = [0, 0], threading.Event()
+    peaks, done, cpu = [0, 0], threading.Event(), {}
 
     def sample():
         while not done.wait(interval_s):
             pss, rss = tree_memory(root)
             peaks[0], peaks[1] = max(peaks[0], pss), max(peaks[1], rss)
+            tree_cpu(root, cpu)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -47,4 +61,4 @@ def peak_memory(command: list[str], interval_s: float = 0.5, **popen) -> dict[st
     done.set()
     sampler.join()
     return {"peak_pss_gib": peaks[0] / GIB, "peak_rss_gib": peaks[1] / GIB,
-            "seconds": time.perf_counter() - start, "exit_code": code}
+            "seconds": time.perf_counter() - start, "exit_code": code, "core_seconds": sum(cpu.values())}

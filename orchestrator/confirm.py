@@ -1,10 +1,11 @@
 """The confirmation stage of a sweep: the search's winner and its baseline trained again on fresh seeds
-that no search run used, paired seed by seed, look by look (`decisions.confirm`), each seed its own Ray
-Train run and MLflow run (tags `stage` = confirm, `config`, `seed`) under the sweep's parent run.
+that no search run used, paired seed by seed, look by look (`decisions.confirm`): an arm's seeds of one look
+train in one Ray Train run, each seed its own MLflow run (tags `stage` = confirm, `config`, `seed`) under the
+sweep's parent run.
 
 A killed or SIGTERM'd driver loses nothing: `--resume` walks the same looks again; an arm whose seed runs
 are all closed `finished` at their last step is read from MLflow, any other continues every seed from its
-checkpoint (a finished one reports its final metrics at once), so it reaches the same values and verdict.
+checkpoint (a finished run reports its final metrics at once), so it reaches the same values and verdict.
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
                                        run_name=f"confirm {run_name(shown, cfg.seed)}") for cfg in cfgs]
     store = load_offline(cfgs[0], model_path)
     console.print(f"confirmation: training {arm.config_id} on seeds {[cfg.seed for cfg in cfgs]}", highlight=False)
-    results = SeedGroup(cfgs, metric, lambda report: None).run(model_path, exp.tracking_uri, run_ids, store,
-                                                              exp.stop.uri)
+    name = f"{arm.config_id}_seeds{cfgs[0].seed}-{cfgs[-1].seed}"  # a look's seeds: a run of their own
+    results = SeedGroup(cfgs, metric, lambda report: None, name=name).run(
+        model_path, exp.tracking_uri, run_ids, store, exp.stop.uri)
     hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
     for run_id in run_ids:
         tracker.finish(run_id, "finished")
-    values = [(r.metrics or {}).get(metric) for r in results]
+    values = [r.get(metric) for r in results]
     if any(v is None for v in values):
         raise ExperimentFailed(f"confirmation of {arm.config_id}: a seed reported no {metric}")
     return [float(v) for v in values]

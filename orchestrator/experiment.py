@@ -5,6 +5,7 @@ stoppable by SIGTERM and resumable with `--resume`. What it concludes is `orches
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
 import threading
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs
 from ray.tune import Callback
 
 from orchestrator.console import console, short_params
@@ -28,11 +30,15 @@ from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.models import resolve_model_path
+from trainables.runtime.seal import read_bytes, seal_key, seal_of, seals_in, unsealed, write_seals
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 STUDY_FILE = "optuna.db"
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
+TUNE_STATE = ("*.pkl", "experiment_state-*.json")  # the files of Tune's state that hold pickles
+SEALED: dict[str, str] = {}  # seals of Tune's files this run does not write again (tuner.pkl, earlier runs')
+STAGING: list[str] = []  # where Tune stages its state on this driver, once a trial shows it
 STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
 # Closing a trial's MLflow runs, off Tune's loop: a slow or dead tracking server (up to ~30 s of retries a
 # call) never holds up the other trials; one thread keeps the closes in order, `closed()` waits for them.
@@ -55,12 +61,15 @@ class Experiment:
     parent: str | None
     stop: StopRequest
     lease: Lease
+    seals: dict[str, str] = field(default_factory=dict)  # Tune's state files sealed before this run (resume)
     started: float = field(default_factory=time.perf_counter)
 
 
 def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking_uri: str | None, spec: str,
-          params: dict, resume: bool, force: bool = False, seeds: int, cpus_per_trial: int) -> Experiment:
-    """Check the name is free (or resumable), open the parent MLflow run, start Ray, arm SIGTERM."""
+          params: dict, resume: bool, force: bool = False, trust_unsealed: bool = False, seeds: int,
+          cpus_per_trial: int) -> Experiment:
+    """Check the name is free (or resumable, its state sealed by this product), open the parent MLflow run,
+    start Ray, arm SIGTERM."""
     check_name(name, "name")
     check_folder_path(storage, "storage")
     if tracking_uri is not None:
@@ -76,6 +85,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
                         f"http://HOST:5000 (the default sqlite store is a local file)")
     tracking_uri = tracking_uri or default_tracking_uri(storage)
     check_resumable(uri, name, resume)
+    seals = check_sealed(f"{uri}/tune", trust_unsealed) if resume else {}
     lease = claim_folder(f"{kind} {name!r} in {storage}", storage, name,
                          {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
     folder.mkdir(parents=True, exist_ok=True)
@@ -85,7 +95,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     tracker, stop = start_cluster(storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri,
                                   experiment=base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease)
+    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, seals)
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
@@ -126,8 +136,9 @@ def given(flag: str | None, default: str) -> str:
     return default if flag is None else flag
 
 
-def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
-    return logical_cpus(base_cfg) * concurrent * seeds
+def cluster_cpus(base_cfg: TrialConfig, concurrent: int) -> int:
+    """A local cluster's CPUs for `concurrent` configurations at once (a configuration's seeds share one run)."""
+    return logical_cpus(base_cfg) * concurrent
 
 
 class TrialStates(Callback):
@@ -146,6 +157,14 @@ class TrialStates(Callback):
 
     def _say(self, trial, what: str) -> None:
         console.print(f"[bold]{trial.trial_id}[/bold] {what}", highlight=False, soft_wrap=True)
+
+    def on_step_begin(self, iteration, trials, **info):
+        if trials and not STAGING:
+            STAGING.append(trials[0].storage.experiment_driver_staging_path)
+
+    def get_state(self) -> None:
+        """Called by Tune each time it has saved its state: the moment to seal it. No state of its own."""
+        seal_tune_state(STAGING[0] if STAGING else None)
 
     def _objective(self, result: dict) -> str:
         if self.metric not in result:
@@ -167,8 +186,8 @@ class TrialStates(Callback):
         from trainables.rollout.service import remove_engine_group
 
         RUNNING.discard(trial.trial_id)
-        for seed in self.seeds:  # a pruned trial's actors are killed before their `finally` runs
-            remove_engine_group(seed_name(trial.trial_id, seed))
+        # A pruned trial's actors are killed before their `finally` runs: its engines' group goes here.
+        remove_engine_group(trial.trial_id if len(self.seeds) > 1 else seed_name(trial.trial_id, self.seeds[0]))
         CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state, description)
         if getattr(self, "study", None) is not None:  # (a callback restored from an older sweep has none)
             CLOSER.submit(save_study, *self.study)
@@ -200,24 +219,42 @@ def check_resumable(uri: str, name: str, resume: bool) -> None:
     if exists and not resume:
         raise SpecError(f"--name: {name!r} already exists in {uri}; pass --resume to continue it, or --name NEW "
                         f"for a new one")
-    if resume:
-        check_state_owner(f"{uri}/tune")
 
 
-def check_state_owner(tune_folder: str, uid: int | None = None) -> None:
-    """Ray Tune's saved state is pickled: restoring it runs whatever code it names. A local folder holding
-    state another user wrote is refused; under a URI, where no owner can be read, the command says what it
-    is about to unpickle."""
-    if "://" in tune_folder:
-        console.print(f"[yellow]--resume: restoring Ray Tune's pickled state from {tune_folder}: it runs the code it "
-                      "names; resume only folders you or people you trust wrote[/yellow]", soft_wrap=True)
-        return
-    uid = os.getuid() if uid is None else uid
-    foreign = sorted(p for p in Path(tune_folder).iterdir() if p.is_file() and p.stat().st_uid != uid)
-    if foreign:
-        raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user "
-                        f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: "
-                        "refused")
+def tune_state_files(tune_uri: str) -> list[str]:
+    """Ray Tune's files under `tune_uri` that a restore (or its results) unpickles, relative to it: its
+    experiment states (cloudpickled trials, scheduler and searcher inside), and every .pkl."""
+    fs, root = pyarrow.fs.FileSystem.from_uri(tune_uri)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True, allow_not_found=True))
+    names = [info.path[len(root):].lstrip("/") for info in infos if info.type == pyarrow.fs.FileType.File]
+    return sorted(n for n in names if any(fnmatch.fnmatch(Path(n).name, p) for p in TUNE_STATE))
+
+
+def check_sealed(tune_uri: str, trust: bool) -> dict[str, str]:
+    """Before anything of Ray Tune's state is unpickled: every file of it must carry this product's seal
+    (trainables/runtime/seal.py); the seals checked, to carry into this run's. `trust` (--trust-unsealed)
+    skips the check, saying so now, and the run seals the folder anew as it writes it."""
+    names = tune_state_files(tune_uri)
+    if trust:
+        console.print(f"[yellow]--trust-unsealed: restoring {tune_uri} without checking its seals; its pickled "
+                      "state runs the code it names[/yellow]", soft_wrap=True, highlight=False)
+        return {}
+    key = seal_key()
+    if found := unsealed(tune_uri, sorted(names, key=lambda name: name != "tuner.pkl"), key):  # read first
+        name, why = found
+        raise SpecError(f"--resume: {tune_uri}/{name} {why}: this product did not write it as it is, and restoring "
+                        "it would run the code it names; refused unread (if you trust the folder, e.g. one written "
+                        "before seals or by your team with another key, add --trust-unsealed: it is sealed anew)")
+    fs, folder = pyarrow.fs.FileSystem.from_uri(tune_uri)
+    return {name: seal for name, seal in seals_in(fs, folder).items() if name in names}
+
+
+def seal_tune_state(staging: str | None) -> None:
+    """Seal Tune's state files as Tune has just written them (`TrialStates.get_state`: Tune saves the
+    experiment and the searcher, then asks its callbacks), beside them in its staging folder, which Tune
+    then copies to the experiment's folder; the files sealed before (tuner.pkl, earlier runs') kept."""
+    if staging is not None and Path(staging).is_dir():
+        write_seals(staging, tune_state_files(staging), seal_key(), kept=SEALED)
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
@@ -270,6 +307,10 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
         run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
                                     callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
         tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
+    fs, tune_folder = pyarrow.fs.FileSystem.from_uri(f"{exp.uri}/tune")
+    SEALED.clear()
+    SEALED.update({**exp.seals, "tuner.pkl": seal_of(read_bytes(fs, f"{tune_folder}/tuner.pkl"), seal_key())})
+    STAGING.clear()
     results = tuner.fit()
     closed()  # every trial's runs closed before the report reads them
     save_study(exp.folder, exp.uri)

@@ -237,13 +237,15 @@ def start_verifier():
                                                scheduling_strategy="DEFAULT").remote()
 
 
-def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking_uri: str | None, run_id: str | None,
+def fit_trial(cfgs: list[TrialConfig], model_path: Path, *, name: str, tracking_uri: str | None, run_ids: list,
               store: OfflineStore | None = None, run_callbacks: list | None = None, stop_file: str | None = None,
               started_at: float | None = None):
-    """Start the trial's rollout engines (and encoder), run the Ray Train loop, return the `Result`.
+    """Start the run's rollout engines (and encoder), run one Ray Train loop for the seeds `cfgs` (a
+    configuration's, or one trial), return the `Result`.
 
-    run_id: the trial's MLflow run in `tracking_uri` (None: untracked). `started_at` (time.time()) is
-    where the trial's start-up began, for its `timing/startup`.
+    name: the Ray Train run's (a trial's own name when it trains alone); run_ids: each seed's MLflow run in
+    `tracking_uri` (None: untracked). `started_at` (time.time()) is where the start-up began, for its
+    `timing/startup`.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -251,15 +253,17 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking_uri: str | None, r
 
     from trainables.learner import process_group_backend
     from trainables.rollout.service import remove_engine_group, start_rollout_engines
-    from trainables.trial import TrialInputs, train_loop_per_worker
+    from trainables.group import train_loop_per_worker
+    from trainables.trial import TrialInputs
 
-    started_at = started_at or time.time()
-    engines = start_rollout_engines(cfg.rollout, model_path, cfg.name)
+    cfg, started_at = cfgs[0], started_at or time.time()
+    engines = start_rollout_engines(cfg.rollout, model_path, name)
     verifier = start_verifier()
     embedder = start_embedder(cfg, store)
     try:
-        inputs = TrialInputs(cfg, str(model_path), engines, verifier, tracking_uri, run_id, store, embedder,
-                             stop_file, started_at, fit_at=time.time())
+        fit_at = time.time()
+        inputs = [TrialInputs(seed, str(model_path), engines, verifier, tracking_uri, run_id, store, embedder,
+                              stop_file, started_at, fit_at, run_name=name) for seed, run_id in zip(cfgs, run_ids, strict=True)]
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"inputs": inputs},
@@ -267,7 +271,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking_uri: str | None, r
             scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
                                          resources_per_worker=worker_resources(cfg)),
             run_config=RunConfig(
-                name=cfg.name,
+                name=name,
                 storage_path=storage_uri(cfg.storage),
                 checkpoint_config=CheckpointConfig(
                     num_to_keep=cfg.checkpoint.keep, checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
@@ -283,7 +287,7 @@ def fit_trial(cfg: TrialConfig, model_path: Path, *, tracking_uri: str | None, r
         for actor in (*engines, verifier, embedder):
             if actor is not None:
                 ray.kill(actor)
-        remove_engine_group(cfg.name)
+        remove_engine_group(name)
 
 
 def storage_uri(storage: str) -> str:

@@ -1,15 +1,15 @@
 """One configuration, R seeds: the Tune trial of a sweep or a study (`make_trainable`).
 
-The configuration's seeds train side by side (one Ray Train run each, in threads of the Tune trial)
-and the trial reports their mean to Tune at each RL step once every seed has reached it: the searcher
+The configuration's seeds train together in one Ray Train run (trainables/group.py), and the trial reports
+their mean to Tune at each RL step the run reports: the searcher
 and the scheduler compare configurations on means over the same seeds, never on one seed's luck (Tune's own
 `Repeater` averages for the searcher only; a scheduler would see single seeds). Seed r is the spec's
 seed + r and moves the data order, the sampling and OGER's replacement draws; the task's problems stay
 at the spec's seed (`task.seed`), so every seed and every configuration is validated on the same
 problems, and two configurations pair seed by seed.
 
-A restarted trial (`--resume`) runs the group again: each seed's Train run continues from its own
-latest checkpoint, and a seed that had finished reports its final metrics at once.
+A restarted trial (`--resume`) runs the group again: every seed continues from the run's latest
+checkpoint (each seed's part of it), and a run that had finished reports its final metrics at once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.console import short_params
-from orchestrator.launch import fit_trial, load_offline, trials_that_fit
+from orchestrator.launch import fit_trial, load_offline
 from orchestrator.relay import SeedReport
 from orchestrator.scheduler import pruned_at
 from orchestrator.spec import apply_overrides
@@ -31,6 +31,7 @@ from orchestrator.stats import seed_interval
 from orchestrator.tracking import Tracker
 from trainables.config import TrialConfig
 from trainables.data.models import resolve_model_path
+from trainables.runtime.seed_reports import seed_reports
 
 SE_KEY = "val/accuracy_se"  # the objective's own standard error, reported with val/accuracy
 HORIZON_KEY = "progress/steps"  # a configuration's last RL step, in each of its reports
@@ -69,6 +70,12 @@ def seed_name(config_id: str, seed: int) -> str:
     return f"{config_id}_seed{seed}"
 
 
+def run_of(name: str, cfgs: list[TrialConfig]) -> str:
+    """The Ray Train run that trains `cfgs`, seeds of one configuration: `name` (the configuration's), or
+    the seed's own name when it is the only one (it trains as a trial alone does)."""
+    return name if len(cfgs) > 1 else cfgs[0].name
+
+
 def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int | list[int]) -> list[TrialConfig]:
     """The configuration's trials: seed = the spec's seed + r for r in range(seeds) (or the offsets
     given), the task's problems at the spec's seed."""
@@ -97,77 +104,56 @@ def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, flo
 
 
 class SeedGroup:
-    """Runs a configuration's seeds at once and reports the group's step-wise means to `report`."""
+    """Trains a configuration's seeds in one Ray Train run (trainables/group.py) and reports the group's
+    metrics to `report` at each step the run reports."""
 
-    def __init__(self, cfgs: list[TrialConfig], metric: str, report: Callable[[dict], None]):
+    def __init__(self, cfgs: list[TrialConfig], metric: str, report: Callable[[dict], None], name: str):
         self.cfgs, self.metric, self.report = cfgs, metric, report
-        self.history: list[dict[int, dict]] = [{} for _ in cfgs]  # seed -> step -> its report
-        self.results: list[Any] = [None] * len(cfgs)
-        self.errors: list[BaseException | None] = [None] * len(cfgs)
+        self.name = run_of(name, cfgs)
         self.reported = 0
 
     def run(self, model_path: Path, tracking_uri: str | None, run_ids: list, store=None,
-            stop_file: str | None = None) -> list:
-        """Train every seed, as many at once as the cluster holds; the Ray Train results, in seed order. A
-        seed's error is raised at once: the Tune trial ends, and its seeds' Train runs with it."""
+            stop_file: str | None = None) -> list[dict]:
+        """Train every seed; each seed's final metrics, in seed order. An error is raised: the Tune trial ends."""
         import ray
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        # The reports of every seed, in arrival order, on this process's node: a queue on a node that is lost
-        # would take the group with it, while every seed's trial lives through the loss.
+        # The run's reports, in arrival order, on this process's node: a queue on a node that is lost
+        # would take the group with it, while the run lives through the loss.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         inbox = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        gate = threading.Semaphore(trials_that_fit(self.cfgs[0], len(self.cfgs)))
-        threads = [threading.Thread(target=self._fit, name=cfg.name, daemon=True,
-                                    args=(i, cfg, model_path, tracking_uri, run_ids[i], store, stop_file, inbox, gate))
-                   for i, cfg in enumerate(self.cfgs)]
-        for thread in threads:
-            thread.start()
-        while (any(t.is_alive() for t in threads) or not inbox.empty()) and not any(self.errors):
+        outcome: dict[str, Any] = {}
+
+        def fit() -> None:
             try:
-                index, metrics = inbox.get(timeout=POLL_S)
+                outcome["result"] = fit_trial(self.cfgs, model_path, name=self.name, tracking_uri=tracking_uri,
+                                              run_ids=run_ids, store=store, run_callbacks=[SeedReport(inbox)],
+                                              stop_file=stop_file)
+            except BaseException as e:  # noqa: BLE001 - raised in the Tune trial's thread
+                outcome["error"] = e
+
+        thread = threading.Thread(target=fit, name=self.name, daemon=True)
+        thread.start()
+        while thread.is_alive() or not inbox.empty():
+            try:
+                self._report(inbox.get(timeout=POLL_S))
             except queue.Empty:
                 continue
-            self.history[index][int(metrics.get("progress/step", 0))] = metrics
-            self._report_ready(done=[not t.is_alive() for t in threads])
-        if not any(self.errors):
-            self._report_ready(done=[True] * len(threads))
-        for error in self.errors:
-            if error is not None:
-                raise error
-        return self.results
+        result = outcome.get("result")
+        error = outcome.get("error") or (result.error if result is not None else None)
+        if error is not None:
+            raise error
+        if result.metrics:  # a finished run, resumed, reports nothing new: its last metrics stand
+            self._report(dict(result.metrics))
+        return seed_reports(dict(result.metrics or {}))
 
-    def _fit(self, index: int, cfg: TrialConfig, model_path: Path, tracking_uri: str | None, run_id: str | None,
-             store, stop_file, inbox, gate: threading.Semaphore) -> None:
-        try:
-            with gate:
-                result = fit_trial(cfg, model_path, tracking_uri=tracking_uri, run_id=run_id, store=store,
-                                   run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
-            self.results[index] = result
-            if result.error:
-                self.errors[index] = result.error
-            elif result.metrics:  # a finished seed, resumed, reports nothing new: its last metrics stand
-                self.history[index].setdefault(int(result.metrics.get("progress/step", 0)), dict(result.metrics))
-        except BaseException as e:  # noqa: BLE001 - raised in the Tune trial's thread
-            self.errors[index] = e
-
-    def _report_ready(self, done: list[bool]) -> None:
-        """Report every step that all seeds have reached (a finished seed stands at its last step)."""
-        while True:
-            step = min((s for h in self.history for s in h if s > self.reported), default=None)
-            if step is None:
-                return
-            reports = []
-            for seed, finished in zip(self.history, done):
-                if step in seed:
-                    reports.append(seed[step])
-                elif finished and seed and max(seed) < step:
-                    reports.append(seed[max(seed)])
-                else:
-                    return  # this seed has not reached the step yet
+    def _report(self, metrics: dict) -> None:
+        """The group's metrics at a step the run reported, once."""
+        step = int(metrics.get("progress/step", 0))
+        if step > self.reported:
             self.reported = step
-            self.report({**group_metrics(reports, self.metric), "progress/step": step,
+            self.report({**group_metrics(seed_reports(metrics), self.metric), "progress/step": step,
                          HORIZON_KEY: self.cfgs[0].learner.steps})
 
 
@@ -200,7 +186,7 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
         for run_id in run_ids:
             if store is not None:
                 tracker.log_offline_store(run_id, store)
-        group = SeedGroup(cfgs, metric, tune.report)
+        group = SeedGroup(cfgs, metric, tune.report, name=config_id)
         results = group.run(model_path, tracking["uri"], run_ids, store, stop.uri)
         # Checkpointed for a resume: stay "running" so that Tune neither closes the trial nor starts
         # another in its place before the driver exits.
@@ -209,10 +195,10 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
     return trainable
 
 
-def hold_if_preempted(results: list, tracker: Tracker, run_ids: list, stop, name: str) -> None:
-    """When any seed checkpointed for a resume (SIGTERM): close its runs `stopped`, tell the driver
+def hold_if_preempted(results: list[dict], tracker: Tracker, run_ids: list, stop, name: str) -> None:
+    """When the seeds checkpointed for a resume (SIGTERM): close their runs `stopped`, tell the driver
     (`stop.acknowledge(name)`), and wait here until the driver exits; otherwise return at once."""
-    if any((r.metrics or {}).get("progress/preempted") for r in results):
+    if any(r.get("progress/preempted") for r in results):
         for run_id in run_ids:
             tracker.finish(run_id, "stopped")
         stop.acknowledge(name)

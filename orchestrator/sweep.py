@@ -168,12 +168,13 @@ def run(spec: str, args) -> int:
     exp = experiment.start("sweep", experiment.given(args.name, base_cfg.name),
                            experiment.given(args.storage, base_cfg.storage), base_cfg,
                            tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
-                           resume=args.resume, force=getattr(args, "force", False), seeds=search.all_seeds,
-                           cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
+                           resume=args.resume, force=getattr(args, "force", False),
+                           trust_unsealed=getattr(args, "trust_unsealed", False), seeds=search.all_seeds,
+                           cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials))
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
                   f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}")
-    search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials * search.seeds) // search.seeds or 1
+    search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials)  # a configuration: one run
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial

@@ -81,7 +81,7 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
         console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
         stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
         start = time.perf_counter()
-        result = launch.fit_trial(cfg, model_path, tracking_uri=uri, run_id=run_id, store=store,
+        result = launch.fit_trial([cfg], model_path, name=cfg.name, tracking_uri=uri, run_ids=[run_id], store=store,
                                   stop_file=stop.uri, started_at=started_at)
         if result.error:
             raise result.error

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -12,6 +13,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The suite's own seal key (trainables/runtime/seal.py) in a config folder of its own, never the user's;
+# the CLI drivers the tests start inherit it.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="rlvr-explore-config-")
+os.environ.pop("RLVR_EXPLORE_SEAL_KEY", None)
 CACHE_DIR = REPO / ".cache"  # the same cache the CLI uses: built once, reused by later runs
 
 

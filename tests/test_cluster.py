@@ -176,9 +176,10 @@ def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, referen
     check_confirmation_records(tmp_path, out)
 
 
-def test_seeds_that_cannot_all_fit_run_in_turn(cluster, tmp_path):
-    """Two ranks and one engine fill the spot node: a second seed started beside the first would hold its
-    engine and wait for ever for its ranks, as the first would for its second rank. So one at a time."""
+def test_configurations_that_cannot_all_fit_run_in_turn(cluster, tmp_path):
+    """Two ranks and one engine fill the spot node: a second configuration's run started beside the first
+    would hold its engine and wait for ever for its ranks, as the first would for its second rank. So one
+    at a time (a configuration's seeds share one run: trainables/group.py)."""
     import ray
 
     deadline = time.time() + 120  # a node the test before took away counts until Ray has marked it dead

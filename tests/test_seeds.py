@@ -1,5 +1,5 @@
 """The pure parts of a configuration's seeds and of a trial's data order, on hand-made numbers: the
-group's report at a step, when a step is reported, and which prompts each rank reads at each step."""
+group's report at a step, the Tune trial's report of it, and which prompts each rank reads at each step."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics
+from trainables.runtime.seed_reports import group_report, seed_reports
 from trainables.config import TrialConfig
 from trainables.trial import step_prompts
 
@@ -37,7 +38,7 @@ def test_group_metrics_one_seed_takes_the_validation_error_and_drops_nan():
 
 
 def test_the_controllers_callback_imports_no_part_of_the_trial():
-    # Ray Train imports the callback's module in each seed's controller: Ray alone, not the trial's stack.
+    # Ray Train imports the callback's module in each run's controller: Ray alone, not the trial's stack.
     heavy = ["torch", "transformers", "deepspeed", "math_verify", "mlflow", "optuna"]
     code = f"import sys, orchestrator.relay; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -45,36 +46,30 @@ def test_the_controllers_callback_imports_no_part_of_the_trial():
     assert SeedGroup.run.__globals__["SeedReport"].__module__ == "orchestrator.relay"
 
 
-def group(seeds: int) -> tuple[SeedGroup, list[dict]]:
+def test_a_groups_report_holds_each_seeds_own_and_their_mean():
+    """The run reports once for its seeds: the mean of what every seed reports as a number (Ray Train keeps
+    checkpoints by it), every seed's report whole; one seed's report is its own, untouched."""
+    reports = [{"val/accuracy": 0.4, "progress/step": 10, "only_here": 1.0, "note": "a"},
+               {"val/accuracy": 0.6, "progress/step": 10, "note": "b"}]
+    report = group_report(reports)
+    assert report["val/accuracy"] == pytest.approx(0.5) and report["progress/step"] == 10
+    assert "only_here" not in report and "note" not in report
+    assert seed_reports(report) == reports
+    assert group_report(reports[:1]) is reports[0] and seed_reports(reports[0]) == [reports[0]]
+
+
+def test_the_tune_trial_reports_a_step_once_with_the_seeds_interval():
     reported: list[dict] = []
-    cfgs = [TrialConfig(seed=s) for s in range(seeds)]
-    return SeedGroup(cfgs, "val/accuracy", reported.append), reported
-
-
-def test_a_step_is_reported_once_every_seed_has_reached_it():
-    g, reported = group(2)
-    g.history[0] = {1: {"val/accuracy": 0.1}, 2: {"val/accuracy": 0.2}}
-    g._report_ready(done=[False, False])
-    assert reported == []  # seed 1 has reported nothing yet
-    g.history[1] = {1: {"val/accuracy": 0.3}}
-    g._report_ready(done=[False, False])
-    assert [r["progress/step"] for r in reported] == [1]
-    assert reported[0]["val/accuracy"] == pytest.approx(0.2) and reported[0][HORIZON_KEY] == g.cfgs[0].learner.steps
-    g.history[1][2] = {"val/accuracy": 0.4}
-    g._report_ready(done=[False, False])
-    g._report_ready(done=[False, False])  # nothing new: nothing reported twice
-    assert [r["progress/step"] for r in reported] == [1, 2]
-
-
-def test_a_finished_seed_stands_at_its_last_step():
-    g, reported = group(2)
-    g.history[0] = {1: {"val/accuracy": 0.1}, 2: {"val/accuracy": 0.2}, 3: {"val/accuracy": 0.3}}
-    g.history[1] = {1: {"val/accuracy": 0.5}}
-    g._report_ready(done=[False, False])
-    assert [r["progress/step"] for r in reported] == [1]  # seed 1 is still running: step 2 waits
-    g._report_ready(done=[False, True])  # seed 1 ended at step 1 (pruned, or resumed finished)
-    assert [r["progress/step"] for r in reported] == [1, 2, 3]
-    assert reported[-1]["seeds/1/val/accuracy"] == 0.5 and reported[-1]["val/accuracy"] == pytest.approx(0.4)
+    cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(2)]
+    g = SeedGroup(cfgs, "val/accuracy", reported.append, name="c")
+    assert g.name == "c" and SeedGroup(cfgs[:1], "val/accuracy", reported.append, name="c").name == "c_seed0"
+    at = [group_report([{"val/accuracy": a, "progress/step": step}, {"val/accuracy": b, "progress/step": step}])
+          for step, a, b in ((5, 0.1, 0.3), (10, 0.2, 0.4))]
+    for report in (at[0], at[1], at[1]):  # the last one again, as a resumed finished run reports it
+        g._report(report)
+    assert [r["progress/step"] for r in reported] == [5, 10]
+    assert reported[1]["val/accuracy"] == pytest.approx(0.3) and reported[1]["seeds/1/val/accuracy"] == 0.4
+    assert reported[1]["val/accuracy/ci_low"] < 0.2 and reported[1][HORIZON_KEY] == cfgs[0].learner.steps
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow.fs
 import ray
 import torch
 from ray.train.torch import get_device
@@ -32,9 +31,9 @@ from trainables.tasks import encode_prompt, load_benchmarks, train_problems, wit
 from trainables.data.offline import OfflineStore
 from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
-from trainables.runtime.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
+from trainables.runtime.checkpoint import rng_state, set_rng_state
 from trainables.runtime.ranks import reduce_max, reduce_sums
-from trainables.rollout.client import Pending, RolloutClient
+from trainables.rollout.client import Pending, RolloutClient, Shared
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
@@ -88,19 +87,19 @@ class TrialInputs:
     stop_file: str | None = None  # its existence asks the trial to checkpoint and stop (SIGTERM)
     started_at: float | None = None  # the driver's time.time() when the trial began starting up
     fit_at: float | None = None  # the driver's time.time() when it handed the trial to Ray Train
+    run_name: str | None = None  # the Ray Train run the seed trains in (a configuration's: `TrialGroup`)
 
 
 class Trial:
     """State of one rank's RL loop; `run()` drives it."""
 
-    def __init__(self, inputs: TrialInputs):
+    def __init__(self, inputs: TrialInputs, slot: int = 0, shared: Shared | None = None, grouped: bool = False):
         # The start-up stages' ends, from `started_at` (`startup_breakdown`), the first two the driver's.
         self.startup_marks = {"ray": inputs.fit_at, "worker_imports": IMPORTED_AT, "train_setup": time.time()}
         ctx = ray.train.get_context()
         cfg, model_path, engines, verifier = inputs.cfg, inputs.model_path, inputs.engines, inputs.verifier
         self.cfg, self.verifier, self.store, self.embedder = cfg, verifier, inputs.store, inputs.embedder
-        # The stop file is resolved once.
-        self.stop_file = pyarrow.fs.FileSystem.from_uri(inputs.stop_file) if inputs.stop_file else None
+        self.slot, self.grouped = slot, grouped  # its place among the run's seeds (`TrialGroup`)
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.started_at = inputs.started_at
         # Ray sets no thread count for Train workers placed by Tune; default torch takes every core.
@@ -118,7 +117,7 @@ class Trial:
         self.learner = Learner(model_path, cfg, world_size=self.world, device=device)
         self.startup_marks["learner"] = time.time()
         self.client = RolloutClient(engines, cfg.rollout, self.learner, trial=cfg.name, rank=self.rank,
-                                    timeout_s=cfg.checkpoint.actor_timeout_s)
+                                    timeout_s=cfg.checkpoint.actor_timeout_s, slot=slot, shared=shared)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
                                    world=self.world)
         self.record = TrialLog(cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank,
@@ -128,9 +127,9 @@ class Trial:
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
         self.last_step_rows = None  # (problems, rollouts, rewards, offpolicy) of the latest step
         self.ahead: tuple[int, Pending | RolloutBatch] | None = None  # rollout.overlap: the next step's batch
-        self.save_seconds: float | None = None  # the latest checkpoint's cost, for the deadline
-        self.last_step_seconds: float | None = None
-        self.notices = Notices(self.rank, engines)  # drains and SIGTERM: checkpoint before the resources go
+        self.last_finite: dict[str, float] = {}
+        self.then = None  # called once a step's rollouts are in (`TrialGroup`: the next seed's generation)
+        self.rng = rng_state()  # this seed's RNG streams once built (`own_rng`)
 
     def load_problems(self, model_path: str) -> tuple[list[Problem], dict[str, list]]:
         """(training problems, {benchmark: validation problems}); a file's problem whose prompt leaves no room
@@ -186,7 +185,9 @@ class Trial:
         with timed(t, "step"):
             problems, spec = self.step_problems(step), self.step_spec(step)
             rollouts = online = self.step_rollouts(step, problems, spec, t)
-            lag = self.learner.optimizer_step - rollouts.weight_version  # optimizer steps behind the update
+            if self.then is not None:  # the engines are free: the next seed's generation starts (`TrialGroup`)
+                self.then()
+            lag = self.client.steps_behind(rollouts)  # optimizer steps behind the update
             # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass: whole
             # assistant turns (prefill + response), as the teachers' texts it compares them with.
             embeddings = (self.embedder.embed.remote([cfg.prompt.completion(text) for text in rollouts.texts],
@@ -214,7 +215,7 @@ class Trial:
                 update = self.learner.rl_update(batch, grouped, logp_old, offpolicy)
             if cfg.preset.uses_offline:  # the teacher members' advantage: eq. 8-9 can make it strongly negative
                 mixed["advantage_sum"] = float(update.advantages[offpolicy].sum())
-            if not cfg.rollout.overlap:
+            if not cfg.rollout.overlap and not self.grouped:  # grouped: pushed when this seed generates next
                 with timed(t, "sync"):
                     self.client.sync()
         self.last_step_rows = (problems, rollouts, rewards, offpolicy)
@@ -245,6 +246,9 @@ class Trial:
         """Step `step`'s rollouts: generated now, or the batch generated ahead; with rollout.overlap the
         engines then start on step + 1's at this policy (pushed first if they hold an older one)."""
         cfg = self.cfg
+        if self.grouped and not (self.ahead is not None and self.ahead[0] == step):
+            with timed(t, "sync"):  # the engines may hold another seed's weights: this seed's, pushed now
+                self.client.sync_if_stale()
         with timed(t, "generate"):
             if self.ahead is not None and self.ahead[0] == step:
                 self.settle()
@@ -258,6 +262,13 @@ class Trial:
             self.ahead = (step + 1, self.client.submit(self.encode(self.step_problems(step + 1)),
                                                        cfg.rollout.group_size, self.step_spec(step + 1)))
         return rollouts
+
+    def submit_ahead(self, step: int) -> None:
+        """Start generating step `step`'s rollouts now, at this seed's weights (pushed first), for this seed to
+        collect when it takes the step: exactly what it would generate then."""
+        self.client.sync_if_stale()
+        self.ahead = (step, self.client.submit(self.encode(self.step_problems(step)), self.cfg.rollout.group_size,
+                                               self.step_spec(step)))
 
     def settle(self) -> None:
         """The batch in flight (rollout.overlap) collected, so the engines are free and it can be saved."""
@@ -296,38 +307,51 @@ class Trial:
         return hybrid
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self, step: int, metrics: dict[str, float]) -> None:
-        state = {"base_val": self.base_val, "val_history": self.val_history, "metrics": metrics,
+    @property
+    def part(self) -> str:
+        """This seed's folder inside its group's checkpoints ("" when it trains alone: the layout of one)."""
+        return f"seed_{self.slot}" if self.grouped else ""
+
+    def checkpoint_part(self, reported: dict[str, float]) -> resume.Part:
+        """What this seed adds to a checkpoint: its learner, rank 0's record, this rank's RNG streams and its
+        next batch when generated ahead."""
+        state = {"base_val": self.base_val, "val_history": self.val_history, "metrics": reported,
                  "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}
         self.settle()  # the next step's batch, generated ahead from the weights before this step's update
         ahead = {"next_rollouts": asdict(self.ahead[1])} if self.ahead is not None else {}
-        # Every step up to this checkpoint is in MLflow before it is committed: a resume skips them.
-        self.save_seconds = resume.save(self.learner, step, self.rank, self.world, state, metrics, self.record.drain,
-                                        rank_state=ahead)
+        return resume.Part(self.part, self.learner, state, {"rng": self.rng, **ahead})
 
-    def restore(self) -> None:
-        """Continue from the latest intact checkpoint; a corrupt latest one falls back to an older one."""
-        state = resume.restore(self.learner, self.rank, self.world, self.cfg.name)
-        if state is not None:
-            self.start_step = state["step"] + 1
-            self.base_val = state["base_val"]
-            self.val_history = [(int(done), val) for done, val in state["val_history"]]
-            if state["next_rollouts"] is not None:
-                self.ahead = (self.start_step, RolloutBatch(**state["next_rollouts"]))
+    def load_state(self, state: dict) -> None:
+        """This seed's part of the checkpoint a resume continues from (`resume.restore`)."""
+        self.start_step = state["step"] + 1
+        self.base_val = state["base_val"]
+        self.val_history = [(int(done), val) for done, val in state["val_history"]]
+        self.rng = state["rng"]
+        if state["next_rollouts"] is not None:
+            self.ahead = (self.start_step, RolloutBatch(**state["next_rollouts"]))
 
-    # -- the loop --------------------------------------------------------------------------------
-    def run(self) -> None:
+    @contextmanager
+    def own_rng(self):
+        """This seed's python / numpy / torch RNG streams, swapped in while it works and kept after."""
+        set_rng_state(self.rng)
+        try:
+            yield
+        finally:
+            self.rng = rng_state()
+
+    # -- a step ----------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """After a restore: the engines get this seed's weights, its record resumes, and a fresh seed
+        validates its base policy (MLflow step 0)."""
         cfg = self.cfg
-        self.restore()
         self.client.sync()  # the service must serve the learner's weights, also after a resume
         self.record.resume(self.start_step)
         # Start-up (Ray, engines, worker group, DeepSpeed, restore) ends here; the cumulative loop wall
         # and logging time let `python -m bench` split a steady state into compute and overhead.
-        loop_start = time.perf_counter()
+        self.loop_start = time.perf_counter()
         self.startup_marks["restore_and_sync"] = time.time()
-        startup = startup_breakdown(self.started_at, self.startup_marks)
-        every = cfg.validation.every
-        if every and self.start_step == 0:
+        self.startup = startup_breakdown(self.started_at, self.startup_marks)
+        if cfg.validation.every and self.start_step == 0:
             with timed(t := {}, "validate"):  # the base policy, before any update
                 base, reused = cached_base(self.validate, cfg, self.model_path, rank=self.rank, world=self.world)
             self.val_history.append((0, base))
@@ -336,77 +360,33 @@ class Trial:
             self.base_val = {f"{k}_base": v for k, v in self.latest_val.items()}  # in every report to Tune
             # MLflow step 0: every val/* curve starts at the base policy; its `_base` copy once, as a summary
             self.record.log(-1, {**self.latest_val, **self.base_val, "timing/validate": t["validate"]})
-        last_finite: dict[str, float] = {}
-        for step in range(self.start_step, cfg.learner.steps):
-            metrics = self.rollout_step(step)
-            last_finite = check_finite(metrics, last_finite, f"trial {cfg.name}: step {step + 1}")
-            self.last_step_seconds = metrics["timing/step"]
-            last = step == cfg.learner.steps - 1
-            validated = bool(every) and ((step + 1) % every == 0 or last)
-            if validated:
-                self.settle()  # the engines take this policy's weights once the batch in flight is in
-                self.client.sync_if_stale()
-                with timed(t := {}, "validate"):
-                    self.val_history.append((step + 1, self.validate(step + 1)))
-                metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
-                self.record.artifacts(step, self.val_history, self.last_step_rows)
-            metrics.update({"timing/loop_wall": time.perf_counter() - loop_start, **self.record.seconds,
-                            **(startup if step == self.start_step else {})})
-            self.record.log(step, metrics)
-            metrics.update(self.base_val)
-            if cfg.logging.progress_every and ((step + 1) % cfg.logging.progress_every == 0 or last):
-                self.record.progress(step, metrics)
-            if self.end_step(step, metrics, validated, last):
-                self.record.say(f"stopped after step {step + 1} with a checkpoint; --resume continues it")
-                return
 
-    def end_step(self, step: int, metrics: dict[str, float], validated: bool, last: bool) -> bool:
-        """Report the step to Ray Train, with a checkpoint when it is due, asked for (a stop: True) or
-        a notice came; a SIGTERM'd process then leaves (Ray Train restarts the ranks from it), a drain
-        lets training go on until Ray Train moves the ranks at its deadline."""
-        cfg = self.cfg
-        stop = not last and stop_asked(self.rank, self.stop_file, cfg.checkpoint.save_by, self.last_step_seconds,
-                                       self.save_seconds)
-        notice = None if last or stop else self.notices.new()
-        # Every report carries the latest validation, so Tune's schedulers always see the objective.
+    def advance(self, step: int) -> tuple[dict[str, float], bool]:
+        """RL step `step` and its validation when one is due, logged: (its metrics, whether it validated)."""
+        cfg, every = self.cfg, self.cfg.validation.every
+        metrics = self.rollout_step(step)
+        self.last_finite = check_finite(metrics, self.last_finite, f"trial {cfg.name}: step {step + 1}")
+        last = step == cfg.learner.steps - 1
+        validated = bool(every) and ((step + 1) % every == 0 or last)
+        if validated:
+            self.settle()  # the engines take this policy's weights once the batch in flight is in
+            self.client.sync_if_stale()
+            with timed(t := {}, "validate"):
+                self.val_history.append((step + 1, self.validate(step + 1)))
+            metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
+            self.record.artifacts(step, self.val_history, self.last_step_rows)
+        metrics.update({"timing/loop_wall": time.perf_counter() - self.loop_start, **self.record.seconds,
+                        **(self.startup if step == self.start_step else {})})
+        self.record.log(step, metrics)
+        metrics.update(self.base_val)
+        if cfg.logging.progress_every and ((step + 1) % cfg.logging.progress_every == 0 or last):
+            self.record.progress(step, metrics)
+        return metrics, validated
+
+    def reported(self, metrics: dict[str, float], stop: bool) -> dict[str, float]:
+        """The step's report to Ray Train: every report carries the latest validation, so Tune's schedulers
+        always see the objective, and which step it is of (a searcher keys its value by it)."""
         reported = {**self.latest_val, **metrics, "progress/preempted": float(stop)}
-        if self.val_history:  # which step that validation is of: a searcher keys its value by it
+        if self.val_history:
             reported[VAL_STEP] = self.val_history[-1][0]
-        start, saved = time.perf_counter(), {}
-        if last or stop or notice or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
-            self.save_checkpoint(step, reported)
-            saved = {"timing/checkpoint": self.save_seconds}
-            if notice:
-                self.record.say(f"{notice}: checkpointed after step {step + 1}")
-                if self.notices.terminating:
-                    raise WorkerTerminating(f"trial {cfg.name}: {notice}; restarting from the checkpoint "
-                                            f"after step {step + 1}")
-        elif (step + 1) % cfg.logging.report_every == 0 or validated:
-            ray.train.report(reported)
-        else:
-            return False
-        self.record.log(step, {**saved, "timing/report": time.perf_counter() - start})  # a barrier of all ranks
-        return stop
-
-
-def quiet_report_log() -> None:
-    """Ray Train 2.60 logs every report's full metrics at INFO from a logger named by its file path,
-    out of reach of `LoggingConfig`; the trial prints its own one-line progress instead."""
-    import logging
-
-    from ray.train.v2._internal.execution import context
-
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
-
-
-def train_loop_per_worker(config: dict) -> None:
-    """Ray Train entry point; `config["inputs"]` is the trial's `TrialInputs`."""
-    quiet_report_log()
-    arm_sigterm_notice()
-    trial = Trial(config["inputs"])
-    TRAINING.set()
-    try:
-        trial.run()
-    finally:
-        TRAINING.clear()
-        trial.record.close()
+        return reported

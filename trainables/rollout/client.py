@@ -29,17 +29,43 @@ class TrialStopped(RuntimeError):
     """The trial was stopped from outside (its rollout engines removed): not a fault to retry."""
 
 
+VERSION_STRIDE = 2**32  # a seed's weight versions: slot * VERSION_STRIDE + its optimizer step
+
+
+@dataclass
+class Shared:
+    """What the clients of one rank's seeds share: the weight push to the engines, and which weight
+    version the engines hold (each seed's versions its own: `VERSION_STRIDE`)."""
+
+    push: object
+    held: int = 0  # the engines start with the base policy: slot 0's version at step 0
+
+
 class RolloutClient:
     """engines: the trial's data-parallel engine actors; this rank generates on engine rank mod their
-    number, and rank 0 pushes the learner's weights to all of them. cfg: the trial's RolloutConfig."""
+    number, and rank 0 pushes the learner's weights to all of them. cfg: the trial's RolloutConfig.
 
-    def __init__(self, engines: list, cfg, learner, *, trial: str, rank: int, timeout_s: float):
+    A configuration's seeds share the engines (`shared`, one per rank): a seed's weights are pushed
+    before it generates whenever the engines hold another seed's (or an older) version."""
+
+    def __init__(self, engines: list, cfg, learner, *, trial: str, rank: int, timeout_s: float,
+                 slot: int = 0, shared: Shared | None = None):
         self.engines, self.cfg, self.learner = engines, cfg, learner
         self.trial, self.rank, self.timeout_s = trial, rank, timeout_s
         self.service = engines[rank % len(engines)]
-        self.push = weight_push(engines, cfg)  # rank 0 pushes; every rank prepares
-        self.weight_version = 0
+        self.shared = shared or Shared(weight_push(engines, cfg))  # rank 0 pushes; every rank prepares
+        self.push = self.shared.push
+        self.slot = slot
+        self.weight_version = self.version(0)
         self.losses = 0  # rank 0: calls lost to a dead service, re-synced and retried
+
+    def version(self, optimizer_step: int) -> int:
+        """This seed's weight version at `optimizer_step` (its optimizer step when it is the only seed)."""
+        return self.slot * VERSION_STRIDE + optimizer_step
+
+    def steps_behind(self, rollouts: RolloutBatch) -> int:
+        """Optimizer steps between the weights that generated `rollouts` and the learner's now."""
+        return self.version(self.learner.optimizer_step) - rollouts.weight_version
 
     def say(self, text: str) -> None:
         print(f"[trial {self.trial}] {text}", flush=True)
@@ -51,7 +77,7 @@ class RolloutClient:
         if self.cfg.colocate:  # the engine wakes on this GPU: the learner's cached blocks go back first
             torch.cuda.empty_cache()  # (the memory pre-flight's colocated sum counts only what is live)
         device = self.learner.device if WEIGHT_PUSHES[self.cfg.weight_transfer].on_gpu else "cpu"
-        self.weight_version = self.learner.optimizer_step
+        self.weight_version = self.version(self.learner.optimizer_step)
         deadline = time.monotonic() + SERVICE_RESTART_TIMEOUT_S
         while True:
             weights, lost = learner_weights(self.learner, self.push, device), None
@@ -71,6 +97,7 @@ class RolloutClient:
                     raise lost
                 self.say(f"rollout service lost during a weight update ({lost}); pushing again")
                 time.sleep(SERVICE_RETRY_PAUSE_S)  # a restarting actor refuses calls at once
+        self.shared.held = self.weight_version
         barrier()  # no rank generates before the new weights are in
 
     def stop_if_removed(self) -> None:
@@ -89,7 +116,7 @@ class RolloutClient:
 
     def sync_if_stale(self) -> None:
         """Push the learner's weights unless the engines already hold them (a collective, like `sync`)."""
-        if self.weight_version != self.learner.optimizer_step:
+        if self.shared.held != self.version(self.learner.optimizer_step):
             self.sync()
 
     def submit(self, prompts: list[list[int]], n: int, spec: SamplingSpec) -> Pending:

@@ -8,27 +8,41 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import ray
 import torch
 
 from trainables.runtime.checkpoint import (TRIAL_STATE, TrialState, first_intact, load_engine, rank_file, read_rank_state, read_record,
-                                   rng_state, saved_world_size, set_rng_state, write_manifest)
+                                   saved_world_size, write_manifest)
 from trainables.runtime.errors import CheckpointError, write_failure
 
 
-def save(learner, step: int, rank: int, world: int, trial_state: dict, metrics: dict[str, float],
-         before_report: Callable[[], None] = lambda: None, rank_state: dict | None = None) -> float:
-    """Save after RL step `step` (0-based) and report `metrics` with it; trial_state: rank 0's record
-    (TRIAL_STATE); rank_state: this rank's own plain data (its next batch when generated ahead). Ray Train
+class Part(NamedTuple):
+    """One seed's share of a checkpoint: its folder inside it ("" for a run of one seed), its learner,
+    rank 0's record of it (TRIAL_STATE) and this rank's own plain data (its RNG streams, and its next
+    batch when generated ahead)."""
+
+    folder: str
+    learner: object
+    trial_state: dict
+    rank_state: dict
+
+
+def save(parts: list[Part], step: int, rank: int, world: int, metrics: dict[str, float],
+         before_report: Callable[[], None] = lambda: None) -> float:
+    """Save every seed's part after RL step `step` (0-based) and report `metrics` with them. Ray Train
     uploads the merged folder and commits it once every rank's upload is done. Returns the seconds it took."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         try:
-            learner.save(folder, client_state={"step": step})
-            torch.save({"step": step, "rng": rng_state(), **(rank_state or {})}, Path(folder) / rank_file(rank))
-            if rank == 0:
-                (Path(folder) / TRIAL_STATE).write_text(json.dumps({"step": step, **trial_state}))
+            for part in parts:
+                where = Path(folder) / part.folder
+                where.mkdir(exist_ok=True)
+                part.learner.save(where, client_state={"step": step})
+                torch.save({"step": step, **part.rank_state}, where / rank_file(rank))
+                if rank == 0:
+                    (where / TRIAL_STATE).write_text(json.dumps({"step": step, **part.trial_state}))
             write_manifest(folder, rank, world)
         except (OSError, RuntimeError) as e:
             if (failure := write_failure(e, folder, step)) is None:
@@ -39,9 +53,10 @@ def save(learner, step: int, rank: int, world: int, trial_state: dict, metrics: 
     return time.perf_counter() - start
 
 
-def restore(learner, rank: int, world: int, trial: str) -> dict | None:
-    """The trial state (TRIAL_STATE) of the latest intact checkpoint and this rank's `next_rollouts` (None
-    when none was saved), its learner and RNG states loaded; None when there is no checkpoint to resume from."""
+def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str) -> list[dict] | None:
+    """For each seed's (folder in the checkpoint, learner): the trial state (TRIAL_STATE) of the latest
+    intact checkpoint, with this rank's RNG streams (`rng`) and `next_rollouts` (None when none was saved),
+    its learner loaded; None when there is no checkpoint to resume from."""
     latest = ray.train.get_checkpoint()
     if latest is None:
         return None
@@ -53,12 +68,14 @@ def restore(learner, rank: int, world: int, trial: str) -> dict | None:
                                   f"learner.num_workers={saved} (this run has {world})")
         return world
 
-    def load(folder: Path) -> dict:
-        state = read_record(folder / TRIAL_STATE, TrialState).model_dump()  # ValueError: unusable
-        rank_state = read_rank_state(folder, rank)  # before the engine: a refused file loads nothing
-        load_engine(learner.load, folder)
-        set_rng_state(rank_state["rng"])
-        return {**state, "next_rollouts": rank_state.get("next_rollouts")}
+    def load(folder: Path) -> list[dict]:
+        states = []
+        for part, learner in parts:
+            state = read_record(folder / part / TRIAL_STATE, TrialState).model_dump()  # ValueError: unusable
+            rank_state = read_rank_state(folder / part, rank)  # before the engine: a refused file loads nothing
+            load_engine(learner.load, folder / part)
+            states.append({**state, "rng": rank_state["rng"], "next_rollouts": rank_state.get("next_rollouts")})
+        return states
 
     problems: list[str] = []
 
@@ -70,10 +87,10 @@ def restore(learner, rank: int, world: int, trial: str) -> dict | None:
     found = first_intact(((c.path, c.as_directory()) for c in newest_first(latest)), same_world, load, unusable)
     if found is None:
         raise CheckpointError(f"checkpoint: no intact checkpoint to resume {trial} from; the latest, {problems[0]}")
-    path, state = found
+    path, states = found
     if rank == 0:
-        print(f"[trial {trial}] resumed after step {state['step'] + 1} from {path}", flush=True)
-    return state
+        print(f"[trial {trial}] resumed after step {states[0]['step'] + 1} from {path}", flush=True)
+    return states
 
 
 def newest_first(latest):

@@ -1,0 +1,88 @@
+"""Seals: how the product knows the state files it wrote itself, before it unpickles any of them.
+
+A seal is HMAC-SHA256 over a file's exact bytes under a key only its user (or team) holds: the key named
+by KEY_ENV when set (a team shares one), else a per-user key created once, 0600, at KEY_FILE. A folder's
+seals sit in its SEALS file as {relative path: seal}. A file whose seal is missing or wrong was written
+by someone else, or changed after the product wrote it; it is refused unread unless the user says they
+trust the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow.fs
+
+KEY_ENV = "RLVR_EXPLORE_SEAL_KEY"
+SEALS = "SEALS.json"
+KEY_BYTES = 32
+
+
+def key_file() -> Path:
+    """Where the per-user key lives: $XDG_CONFIG_HOME (or ~/.config)/rlvr-explore/seal.key."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "rlvr-explore" / "seal.key"
+
+
+def seal_key() -> bytes:
+    """The team's key (KEY_ENV), else this user's, created on first use with 0600 permissions."""
+    if os.environ.get(KEY_ENV):
+        return os.environ[KEY_ENV].encode()
+    path = key_file()
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:  # O_EXCL: two processes creating it at once keep the first one's key
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(KEY_BYTES))
+        except FileExistsError:
+            pass
+    return path.read_text().strip().encode()
+
+
+def seal_of(data: bytes, key: bytes) -> str:
+    """HMAC-SHA256(key, data), hex."""
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def read_bytes(fs: pyarrow.fs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def seals_in(fs: pyarrow.fs.FileSystem, folder: str) -> dict[str, str]:
+    """The folder's recorded seals ({} when it has no readable SEALS file)."""
+    try:
+        seals = json.loads(read_bytes(fs, f"{folder}/{SEALS}"))
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(seals, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in seals.items())
+    return seals if ok else {}
+
+
+def write_seals(folder: str | Path, names: Iterable[str], key: bytes, kept: dict[str, str] | None = None) -> None:
+    """Seal the files `names` (relative to the local `folder`) as they are now, with the seals in `kept`
+    for files not among them; written to a temporary file and renamed, so a reader never sees half."""
+    folder = Path(folder)
+    seals = {**(kept or {}), **{name: seal_of((folder / name).read_bytes(), key) for name in names}}
+    tmp = folder / f".{SEALS}.tmp"
+    tmp.write_text(json.dumps(seals, indent=1, sort_keys=True))
+    tmp.replace(folder / SEALS)
+
+
+def unsealed(uri: str, names: Iterable[str], key: bytes) -> tuple[str, str] | None:
+    """(the first of `names`, in their order, in the folder at `uri` that is not sealed as it is now, why),
+    or None when every one is."""
+    fs, folder = pyarrow.fs.FileSystem.from_uri(uri)
+    seals = seals_in(fs, folder)
+    for name in names:
+        if name not in seals:
+            return name, "has no seal of this product's key"
+        if not hmac.compare_digest(seals[name], seal_of(read_bytes(fs, f"{folder}/{name}"), key)):
+            return name, "does not match its seal (changed since it was sealed, or sealed with another key)"
+    return None
