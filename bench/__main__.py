@@ -154,6 +154,11 @@ def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
         if run["exit_code"]:
             raise SystemExit(f"bench: the {seeds}-seed sweep failed (exit {run['exit_code']})")
         figures[seeds] = {**run, "later_start_s": later_seed_start(storage, name)}
+    table = number_table("seeds: CPU seconds by process, one configuration's sweep", ["process", "1 seed", "3 seeds"])
+    for kind in dict.fromkeys([*figures[3]["cpu_by_kind"], *figures[1]["cpu_by_kind"]]):
+        table.add_row(kind, *(f"{figures[r]['cpu_by_kind'].get(kind, (0, 0.0))[1]:.1f} "
+                              f"({figures[r]['cpu_by_kind'].get(kind, (0, 0.0))[0]})" for r in (1, 3)))
+    console.print(table)
     one, three = figures[1]["core_seconds"], figures[3]["core_seconds"]
     marginal, average = (three - one) / 2, three / 3
     figures.update(marginal_core_s=marginal, average_core_s=average)
@@ -177,7 +182,7 @@ def later_seed_start(storage: Path, name: str) -> float:
 
 def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
     """The sweep's wall time, and the share of it its trials spent in RL steps: the trials' summed step
-    times over (wall x the seeds that run at once), read back from MLflow."""
+    times over (wall x the configurations that run at once), read back from MLflow."""
     from orchestrator.spec import load_sweep_spec
     from orchestrator.tracking import Tracker, default_tracking_uri
 
@@ -188,7 +193,7 @@ def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
     wall, report = parent.data.metrics["sweep/wall_s"], parent.data.metrics["sweep/report_s"]
     steps = sum(v for r in runs if r.data.tags.get("kind") == "trial"
                 for _, v in tracker.metric_history(r.info.run_id, "timing/step"))
-    at_once = search.seeds * search.max_concurrent_trials
+    at_once = search.max_concurrent_trials  # a configuration's seeds take turns in one run
     return {"wall_s": wall, "trial_step_s": steps, "compute_share": steps / (wall * at_once),
             "report_s": report, "report_share": report / (wall + report)}
 

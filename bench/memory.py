@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import psutil
 
@@ -29,15 +30,38 @@ def tree_memory(root: psutil.Process) -> tuple[int, int]:
     return pss, rss
 
 
-def tree_cpu(root: psutil.Process, seen: dict[tuple[int, float], float]) -> None:
-    """Into `seen` ((pid, its start time) -> CPU seconds, user + system): `root` and its descendants now."""
+def process_kind(process: psutil.Process) -> str:
+    """What a process is: a Ray worker by the actor or task its title names (`ray::RolloutService`), an
+    idle Ray worker as `ray::IDLE`, anything else by its program's name."""
+    words = process.cmdline() or [process.name()]
+    title = words[0]
+    if title.startswith("ray::"):
+        return title.split(".")[0]
+    return (Path(title).name if not title.endswith("python") else " ".join(Path(w).name for w in words[:3]))[:60]
+
+
+def tree_cpu(root: psutil.Process, seen: dict[tuple[int, float], tuple[str, float]]) -> None:
+    """Into `seen` ((pid, its start time) -> (its kind, CPU seconds, user + system)): `root` and its
+    descendants now. A Ray worker's title names the actor it hosts once it hosts one."""
     for process in [root, *root.children(recursive=True)]:
         try:
             with process.oneshot():
                 times = process.cpu_times()
-                seen[(process.pid, process.create_time())] = times.user + times.system
+                kind = process_kind(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
+        key = (process.pid, process.create_time())
+        earlier = seen.get(key, ("", 0.0))[0]
+        seen[key] = (kind if earlier in ("", "ray::IDLE") else earlier, times.user + times.system)
+
+
+def cpu_by_kind(seen: dict[tuple[int, float], tuple[str, float]]) -> dict[str, tuple[int, float]]:
+    """{kind: (processes, CPU seconds)} of a `tree_cpu` record."""
+    out: dict[str, tuple[int, float]] = {}
+    for kind, seconds in seen.values():
+        count, total = out.get(kind, (0, 0.0))
+        out[kind] = (count + 1, total + seconds)
+    return dict(sorted(out.items(), key=lambda item: -item[1][1]))
 
 
 def peak_memory(command: list[str], interval_s: float = 0.5, **popen) -> dict[str, float]:
@@ -61,4 +85,5 @@ def peak_memory(command: list[str], interval_s: float = 0.5, **popen) -> dict[st
     done.set()
     sampler.join()
     return {"peak_pss_gib": peaks[0] / GIB, "peak_rss_gib": peaks[1] / GIB,
-            "seconds": time.perf_counter() - start, "exit_code": code, "core_seconds": sum(cpu.values())}
+            "seconds": time.perf_counter() - start, "exit_code": code,
+            "core_seconds": sum(seconds for _, seconds in cpu.values()), "cpu_by_kind": cpu_by_kind(cpu)}

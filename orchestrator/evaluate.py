@@ -32,7 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from orchestrator.console import console, number_table
-from orchestrator.spec import SpecError, load_trial_spec
+from orchestrator.spec import MAX_SEEDS_PER_CONFIG, SpecError, load_trial_spec
 from orchestrator.inputs import check_model_folder, check_tracking_uri
 from orchestrator.cli import later
 from trainables.config import MAX_SAMPLES, DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
@@ -145,8 +145,21 @@ def trial_checkpoints(target: Path) -> list[str]:
     return sorted(inside, key=lambda n: (n == latest, n), reverse=True)
 
 
-def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
-    """(model folder, the trial's spec or None) for a model folder, a trial folder or a model preset."""
+def seed_part(folder: Path, seed_index: int) -> tuple[Path, str]:
+    """(the folder holding one seed's checkpoint, the name its export takes): the checkpoint itself for a
+    trial's run, its `seed_<index>/` for a configuration's run of several seeds (trainables/group.py)."""
+    if not (folder / "seed_0").is_dir():
+        return folder, folder.name
+    part = folder / f"seed_{seed_index}"
+    if not part.is_dir():
+        seeds = len(list(folder.glob("seed_*")))
+        raise ValueError(f"it holds {seeds} seeds' parts (seed_0 ... seed_{seeds - 1}): no seed_{seed_index}")
+    return part, f"{folder.name}-seed_{seed_index}"
+
+
+def resolve_policy(target: Path, cache_dir: str, seed_index: int = 0) -> tuple[Path, dict | None]:
+    """(model folder, the trial's spec or None) for a model folder, a trial folder (a configuration's run:
+    the seed at `seed_index`) or a model preset."""
     if (target / "config.json").is_file():
         return target, None
     if not target.exists() and target.name in MODEL_PRESETS:
@@ -158,14 +171,15 @@ def resolve_policy(target: Path, cache_dir: str) -> tuple[Path, dict | None]:
 
     def export(folder: Path) -> tuple[Path, dict]:
         # Each of these raises a ValueError (SpecError and ValidationError are ones) that makes the checkpoint unusable.
-        state_file = folder / checkpoint.TRIAL_STATE
+        part, name = seed_part(folder, seed_index)
+        state_file = part / checkpoint.TRIAL_STATE
         trial_state = checkpoint.read_record(state_file, checkpoint.TrialState)
         check_model_folder(trial_state.model_path, f"{state_file}: model_path")
         TrialConfig.model_validate(trial_state.trial)  # its spec, used below
-        exported = target / "export" / folder.name
+        exported = target / "export" / name
         if not (exported / "config.json").is_file():
-            console.print(f"exporting {folder} -> {exported}")
-            export_policy(folder, exported)
+            console.print(f"exporting {part} -> {exported}")
+            export_policy(part, exported)
         return exported, trial_state.trial
 
     seen: list[str] = []
@@ -213,7 +227,7 @@ def run(args) -> dict:
     modes = decodings(args)
     target = Path(args.model_or_trial).expanduser().resolve()
     base = load_trial_spec(args.spec) if args.spec else TrialConfig()
-    model_path, trial_spec = resolve_policy(target, base.cache_dir)
+    model_path, trial_spec = resolve_policy(target, base.cache_dir, args.seed_index)
     cfg = base if args.spec or not trial_spec else TrialConfig.model_validate(trial_spec)
     benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
     max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
@@ -296,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, help="response cap (default: the spec's)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--seed-index", type=int, default=0, help="a configuration's folder of a sweep (several "
+                        "seeds in one run): which seed's policy, 0-based (default 0)")
     parser.add_argument("--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sqlite store beside the trial "
                         "folder; a tracking URI named in the trial's own files is never used)")
@@ -303,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.tracking_uri is not None:
             check_tracking_uri(args.tracking_uri, "--tracking-uri")
+        if not 0 <= args.seed_index < MAX_SEEDS_PER_CONFIG:
+            raise SpecError(f"--seed-index must be between 0 and {MAX_SEEDS_PER_CONFIG - 1} (got {args.seed_index})")
         if not 1 <= args.samples <= MAX_SAMPLES:
             raise SpecError(f"--samples must be between 1 and {MAX_SAMPLES} (got {args.samples})")
         run(args)

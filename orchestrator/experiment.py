@@ -5,7 +5,6 @@ stoppable by SIGTERM and resumable with `--resume`. What it concludes is `orches
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import sys
 import threading
@@ -30,15 +29,15 @@ from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.models import resolve_model_path
-from trainables.runtime.seal import read_bytes, seal_key, seal_of, seals_in, unsealed, write_seals
+from trainables.runtime.seal import SEALS, add_seals, seal_key, seals_in, unsealed, write_seals
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 STUDY_FILE = "optuna.db"
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
-TUNE_STATE = ("*.pkl", "experiment_state-*.json")  # the files of Tune's state that hold pickles
-SEALED: dict[str, str] = {}  # seals of Tune's files this run does not write again (tuner.pkl, earlier runs')
+SEALED: dict[str, list[str]] = {}  # this run's seals of Tune's files (`seal_tune_state`), newest first
 STAGING: list[str] = []  # where Tune stages its state on this driver, once a trial shows it
+TUNE_URI: list[str] = []  # where the experiment keeps Tune's state (its SEALS file too)
 STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
 # Closing a trial's MLflow runs, off Tune's loop: a slow or dead tracking server (up to ~30 s of retries a
 # call) never holds up the other trials; one thread keeps the closes in order, `closed()` waits for them.
@@ -61,7 +60,7 @@ class Experiment:
     parent: str | None
     stop: StopRequest
     lease: Lease
-    seals: dict[str, str] = field(default_factory=dict)  # Tune's state files sealed before this run (resume)
+    seals: dict[str, list[str]] = field(default_factory=dict)  # Tune's state files vouched for at --resume
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -136,9 +135,10 @@ def given(flag: str | None, default: str) -> str:
     return default if flag is None else flag
 
 
-def cluster_cpus(base_cfg: TrialConfig, concurrent: int) -> int:
-    """A local cluster's CPUs for `concurrent` configurations at once (a configuration's seeds share one run)."""
-    return logical_cpus(base_cfg) * concurrent
+def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
+    """A local cluster's CPUs for `concurrent` configurations of `seeds` seeds at once: one run each, or one
+    run a seed on GPU learners (orchestrator/seeds.py: runs_of)."""
+    return logical_cpus(base_cfg) * concurrent * (seeds if base_cfg.learner.use_gpu else 1)
 
 
 class TrialStates(Callback):
@@ -164,7 +164,7 @@ class TrialStates(Callback):
 
     def get_state(self) -> None:
         """Called by Tune each time it has saved its state: the moment to seal it. No state of its own."""
-        seal_tune_state(STAGING[0] if STAGING else None)
+        seal_tune_state(staging_folder())
 
     def _objective(self, result: dict) -> str:
         if self.metric not in result:
@@ -186,8 +186,9 @@ class TrialStates(Callback):
         from trainables.rollout.service import remove_engine_group
 
         RUNNING.discard(trial.trial_id)
-        # A pruned trial's actors are killed before their `finally` runs: its engines' group goes here.
-        remove_engine_group(trial.trial_id if len(self.seeds) > 1 else seed_name(trial.trial_id, self.seeds[0]))
+        # A pruned trial's actors are killed before their `finally` runs: its runs' engine groups go here.
+        for name in {trial.trial_id, *(seed_name(trial.trial_id, seed) for seed in self.seeds)}:
+            remove_engine_group(name)
         CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state, description)
         if getattr(self, "study", None) is not None:  # (a callback restored from an older sweep has none)
             CLOSER.submit(save_study, *self.study)
@@ -222,39 +223,52 @@ def check_resumable(uri: str, name: str, resume: bool) -> None:
 
 
 def tune_state_files(tune_uri: str) -> list[str]:
-    """Ray Tune's files under `tune_uri` that a restore (or its results) unpickles, relative to it: its
-    experiment states (cloudpickled trials, scheduler and searcher inside), and every .pkl."""
+    """Ray Tune's files under `tune_uri` that a restore (or its results) may unpickle, relative to it: every
+    file at its top (tuner.pkl; the experiment's, the searcher's and the search generator's states, each
+    holding cloudpickled objects) and every .pkl below (a trial's params, its error)."""
     fs, root = pyarrow.fs.FileSystem.from_uri(tune_uri)
     infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True, allow_not_found=True))
     names = [info.path[len(root):].lstrip("/") for info in infos if info.type == pyarrow.fs.FileType.File]
-    return sorted(n for n in names if any(fnmatch.fnmatch(Path(n).name, p) for p in TUNE_STATE))
+    return sorted(n for n in names if not Path(n).name.startswith(".") and n != SEALS
+                  and ("/" not in n or n.endswith(".pkl")))
 
 
-def check_sealed(tune_uri: str, trust: bool) -> dict[str, str]:
+def check_sealed(tune_uri: str, trust: bool) -> dict[str, list[str]]:
     """Before anything of Ray Tune's state is unpickled: every file of it must carry this product's seal
-    (trainables/runtime/seal.py); the seals checked, to carry into this run's. `trust` (--trust-unsealed)
-    skips the check, saying so now, and the run seals the folder anew as it writes it."""
-    names = tune_state_files(tune_uri)
+    (trainables/runtime/seal.py). Returns the seals vouching for them as they are, which this run carries
+    on. `trust` (--trust-unsealed) skips the check, saying so now, and seals the folder as it is."""
+    names, key = tune_state_files(tune_uri), seal_key()
     if trust:
         console.print(f"[yellow]--trust-unsealed: restoring {tune_uri} without checking its seals; its pickled "
                       "state runs the code it names[/yellow]", soft_wrap=True, highlight=False)
-        return {}
-    key = seal_key()
-    if found := unsealed(tune_uri, sorted(names, key=lambda name: name != "tuner.pkl"), key):  # read first
+    elif found := unsealed(tune_uri, sorted(names, key=lambda name: name != "tuner.pkl"), key):  # read first
         name, why = found
         raise SpecError(f"--resume: {tune_uri}/{name} {why}: this product did not write it as it is, and restoring "
                         "it would run the code it names; refused unread (if you trust the folder, e.g. one written "
                         "before seals or by your team with another key, add --trust-unsealed: it is sealed anew)")
-    fs, folder = pyarrow.fs.FileSystem.from_uri(tune_uri)
-    return {name: seal for name, seal in seals_in(fs, folder).items() if name in names}
+    seals: dict[str, list[str]] = {}
+    add_seals(seals, tune_uri, names, key)
+    return seals
 
 
 def seal_tune_state(staging: str | None) -> None:
-    """Seal Tune's state files as Tune has just written them (`TrialStates.get_state`: Tune saves the
-    experiment and the searcher, then asks its callbacks), beside them in its staging folder, which Tune
-    then copies to the experiment's folder; the files sealed before (tuner.pkl, earlier runs') kept."""
-    if staging is not None and Path(staging).is_dir():
-        write_seals(staging, tune_state_files(staging), seal_key(), kept=SEALED)
+    """Seal Tune's state files as Tune has just written them in its staging folder (`TrialStates.get_state`:
+    Tune saves the experiment and the searcher, then asks its callbacks), into the experiment's SEALS
+    before Tune copies them there: whichever of the files the copy has reached, a seal vouches for it."""
+    if staging is not None and Path(staging).is_dir() and TUNE_URI:
+        add_seals(SEALED, staging, tune_state_files(staging), seal_key())
+        write_seals(TUNE_URI[0], SEALED)
+
+
+def staging_folder() -> str | None:
+    """Where Tune stages this experiment's state: as its trials say, else (before the first trial) the
+    newest staging folder of an experiment named `tune` in this Ray session."""
+    if STAGING:
+        return STAGING[0]
+    from ray.train._internal.storage import _get_ray_train_session_dir
+
+    found = sorted(Path(_get_ray_train_session_dir()).glob("*/tune/driver_artifacts"), key=lambda p: p.stat().st_mtime)
+    return str(found[-1]) if found else None
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
@@ -307,10 +321,12 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
         run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
                                     callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
         tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
-    fs, tune_folder = pyarrow.fs.FileSystem.from_uri(f"{exp.uri}/tune")
     SEALED.clear()
-    SEALED.update({**exp.seals, "tuner.pkl": seal_of(read_bytes(fs, f"{tune_folder}/tuner.pkl"), seal_key())})
+    SEALED.update(exp.seals)
+    add_seals(SEALED, f"{exp.uri}/tune", ["tuner.pkl"], seal_key())  # written once, by the Tuner just made
+    write_seals(f"{exp.uri}/tune", SEALED)
     STAGING.clear()
+    TUNE_URI[:] = [f"{exp.uri}/tune"]
     results = tuner.fit()
     closed()  # every trial's runs closed before the report reads them
     save_study(exp.folder, exp.uri)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.console import short_params
-from orchestrator.launch import fit_trial, load_offline
+from orchestrator.launch import fit_trial, load_offline, trials_that_fit
 from orchestrator.relay import SeedReport
 from orchestrator.scheduler import pruned_at
 from orchestrator.spec import apply_overrides
@@ -70,10 +70,13 @@ def seed_name(config_id: str, seed: int) -> str:
     return f"{config_id}_seed{seed}"
 
 
-def run_of(name: str, cfgs: list[TrialConfig]) -> str:
-    """The Ray Train run that trains `cfgs`, seeds of one configuration: `name` (the configuration's), or
-    the seed's own name when it is the only one (it trains as a trial alone does)."""
-    return name if len(cfgs) > 1 else cfgs[0].name
+def runs_of(name: str, cfgs: list[TrialConfig]) -> list[tuple[str, list[TrialConfig]]]:
+    """The Ray Train runs that train a configuration's seeds `cfgs`, (run name, its seeds): all in one run
+    named `name` (trainables/group.py), a seed alone under its own name; on GPU learners one run a seed,
+    as a learner GPU holds one seed's model and optimizer states."""
+    if len(cfgs) == 1 or cfgs[0].learner.use_gpu:
+        return [(cfg.name, [cfg]) for cfg in cfgs]
+    return [(name, cfgs)]
 
 
 def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int | list[int]) -> list[TrialConfig]:
@@ -104,56 +107,82 @@ def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, flo
 
 
 class SeedGroup:
-    """Trains a configuration's seeds in one Ray Train run (trainables/group.py) and reports the group's
-    metrics to `report` at each step the run reports."""
+    """Trains a configuration's seeds (in one Ray Train run, or one run a seed: `runs_of`) and reports
+    the group's metrics to `report` at each step every seed has reached."""
 
     def __init__(self, cfgs: list[TrialConfig], metric: str, report: Callable[[dict], None], name: str):
         self.cfgs, self.metric, self.report = cfgs, metric, report
-        self.name = run_of(name, cfgs)
+        self.runs = runs_of(name, cfgs)
+        self.history: list[dict[int, list[dict]]] = [{} for _ in self.runs]  # run -> step -> its seeds' reports
+        self.results: list[Any] = [None] * len(self.runs)
+        self.errors: list[BaseException | None] = [None] * len(self.runs)
         self.reported = 0
 
     def run(self, model_path: Path, tracking_uri: str | None, run_ids: list, store=None,
             stop_file: str | None = None) -> list[dict]:
-        """Train every seed; each seed's final metrics, in seed order. An error is raised: the Tune trial ends."""
+        """Train every seed, as many runs at once as the cluster holds; each seed's final metrics, in seed
+        order. A run's error is raised at once: the Tune trial ends, and the other runs with it."""
         import ray
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        # The run's reports, in arrival order, on this process's node: a queue on a node that is lost
-        # would take the group with it, while the run lives through the loss.
+        # The reports of every run, in arrival order, on this process's node: a queue on a node that is lost
+        # would take the group with it, while every run lives through the loss.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         inbox = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        outcome: dict[str, Any] = {}
-
-        def fit() -> None:
+        gate = threading.Semaphore(trials_that_fit(self.cfgs[0], len(self.runs)))
+        ids = iter(run_ids)
+        threads = [threading.Thread(target=self._fit, name=name, daemon=True,
+                                    args=(i, name, cfgs, model_path, tracking_uri, [next(ids) for _ in cfgs], store,
+                                          stop_file, inbox, gate))
+                   for i, (name, cfgs) in enumerate(self.runs)]
+        for thread in threads:
+            thread.start()
+        while (any(t.is_alive() for t in threads) or not inbox.empty()) and not any(self.errors):
             try:
-                outcome["result"] = fit_trial(self.cfgs, model_path, name=self.name, tracking_uri=tracking_uri,
-                                              run_ids=run_ids, store=store, run_callbacks=[SeedReport(inbox)],
-                                              stop_file=stop_file)
-            except BaseException as e:  # noqa: BLE001 - raised in the Tune trial's thread
-                outcome["error"] = e
-
-        thread = threading.Thread(target=fit, name=self.name, daemon=True)
-        thread.start()
-        while thread.is_alive() or not inbox.empty():
-            try:
-                self._report(inbox.get(timeout=POLL_S))
+                index, metrics = inbox.get(timeout=POLL_S)
             except queue.Empty:
                 continue
-        result = outcome.get("result")
-        error = outcome.get("error") or (result.error if result is not None else None)
-        if error is not None:
-            raise error
-        if result.metrics:  # a finished run, resumed, reports nothing new: its last metrics stand
-            self._report(dict(result.metrics))
-        return seed_reports(dict(result.metrics or {}))
+            self.history[index][int(metrics.get("progress/step", 0))] = seed_reports(metrics)
+            self._report_ready(done=[not t.is_alive() for t in threads])
+        if not any(self.errors):
+            self._report_ready(done=[True] * len(threads))
+        for error in self.errors:
+            if error is not None:
+                raise error
+        return [seed for result in self.results for seed in seed_reports(dict(result.metrics or {}))]
 
-    def _report(self, metrics: dict) -> None:
-        """The group's metrics at a step the run reported, once."""
-        step = int(metrics.get("progress/step", 0))
-        if step > self.reported:
+    def _fit(self, index: int, name: str, cfgs: list[TrialConfig], model_path: Path, tracking_uri: str | None,
+             run_ids: list, store, stop_file, inbox, gate: threading.Semaphore) -> None:
+        try:
+            with gate:
+                result = fit_trial(cfgs, model_path, name=name, tracking_uri=tracking_uri, run_ids=run_ids,
+                                   store=store, run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
+            self.results[index] = result
+            if result.error:
+                self.errors[index] = result.error
+            elif result.metrics:  # a finished run, resumed, reports nothing new: its last metrics stand
+                self.history[index].setdefault(int(result.metrics.get("progress/step", 0)),
+                                               seed_reports(dict(result.metrics)))
+        except BaseException as e:  # noqa: BLE001 - raised in the Tune trial's thread
+            self.errors[index] = e
+
+    def _report_ready(self, done: list[bool]) -> None:
+        """Report every step that all runs have reached (a finished run stands at its last step)."""
+        while True:
+            step = min((s for h in self.history for s in h if s > self.reported), default=None)
+            if step is None:
+                return
+            reports = []
+            for run, finished in zip(self.history, done, strict=True):
+                if step in run:
+                    reports += run[step]
+                elif finished and run and max(run) < step:
+                    reports += run[max(run)]
+                else:
+                    return  # this run has not reached the step yet
             self.reported = step
-            self.report({**group_metrics(seed_reports(metrics), self.metric), "progress/step": step,
+            self.report({**group_metrics(reports, self.metric), "progress/step": step,
                          HORIZON_KEY: self.cfgs[0].learner.steps})
 
 
@@ -163,8 +192,8 @@ def run_name(shown: dict[str, str], seed: int) -> str:
 
 
 def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dict] | None = None):
-    """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds,
-    each its own Ray Train run and nested MLflow run (param `seed`, tag `config`)."""
+    """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds in
+    one Ray Train run, each seed its own nested MLflow run (param `seed`, tag `config`)."""
     tracking = {"uri": exp.tracking_uri, "parent_run_id": exp.parent, "sweep": exp.name}
     storage, stop = f"{exp.uri}/trials", exp.stop
 

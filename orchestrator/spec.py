@@ -48,7 +48,7 @@ SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[
 
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 # Counts that expand into runs, threads and Ray actors: bounded before anything is made.
-MAX_SEEDS_PER_CONFIG = 64  # seeds of one configuration or arm (they train side by side), and confirmation pairs
+MAX_SEEDS_PER_CONFIG = 64  # seeds of one configuration or arm (they train in one run), and confirmation pairs
 MAX_CONFIGURATIONS = 10_000  # configurations of a sweep, and those running at once
 Seeds = Annotated[int, Field(ge=1, le=MAX_SEEDS_PER_CONFIG)]
 Configurations = Annotated[int, Field(ge=1, le=MAX_CONFIGURATIONS)]

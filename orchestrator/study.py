@@ -129,7 +129,7 @@ def run(spec: str, args) -> int:
                            tracking_uri=args.tracking_uri, spec=spec, params=study.model_dump(mode="json"),
                            resume=args.resume, force=getattr(args, "force", False),
                            trust_unsealed=getattr(args, "trust_unsealed", False), seeds=study.seeds,
-                           cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent))
+                           cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent, study.seeds))
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})
     console.print(f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
                   f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}")

@@ -170,11 +170,12 @@ def run(spec: str, args) -> int:
                            tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
                            resume=args.resume, force=getattr(args, "force", False),
                            trust_unsealed=getattr(args, "trust_unsealed", False), seeds=search.all_seeds,
-                           cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials))
+                           cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
                   f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}")
-    search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials)  # a configuration: one run
+    runs = search.seeds if base_cfg.learner.use_gpu else 1  # a configuration's runs (orchestrator/seeds.py: runs_of)
+    search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials * runs) // runs or 1
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial

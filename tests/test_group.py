@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import launch, train
+from orchestrator import evaluate, launch, train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.data.models import resolve_model_path
@@ -58,5 +58,10 @@ def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_mo
         assert report["val/accuracy"] == final["val/accuracy"]
         assert report["rollout/reward_mean"] == final["rollout/reward_mean"]
     assert result.metrics["val/accuracy"] == pytest.approx(sum(f["val/accuracy"] for f in finals) / 2)
-    # The checkpoint holds each seed's part in a folder of its own.
+    # The checkpoint holds each seed's part in a folder of its own; evaluate takes the seed it is asked for.
     assert sorted(p.name for p in (together / "both").glob("checkpoint_*/seed_*")) == ["seed_0", "seed_0", "seed_1", "seed_1"]
+    if overlap == 0:
+        assert evaluate.main([str(together / "both"), "--limit", "4", "--samples", "1", "--seed-index", "1",
+                              "--out", str(tmp_path / "eval.json")]) == 0
+        assert [p.name.split("-")[-1] for p in (together / "both" / "export").iterdir()] == ["seed_1"]
+        assert evaluate.main([str(together / "both"), "--seed-index", "2"]) == 2  # two seeds: no third

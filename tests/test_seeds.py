@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics
+from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics, runs_of
 from trainables.runtime.seed_reports import group_report, seed_reports
 from trainables.config import TrialConfig
 from trainables.trial import step_prompts
@@ -58,18 +58,44 @@ def test_a_groups_report_holds_each_seeds_own_and_their_mean():
     assert group_report(reports[:1]) is reports[0] and seed_reports(reports[0]) == [reports[0]]
 
 
-def test_the_tune_trial_reports_a_step_once_with_the_seeds_interval():
+def test_a_configurations_seeds_share_one_run_on_cpus_and_take_one_run_each_on_gpu_learners():
+    cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(3)]
+    assert [(name, [c.seed for c in seeds]) for name, seeds in runs_of("c", cfgs)] == [("c", [0, 1, 2])]
+    assert runs_of("c", cfgs[:1]) == [("c_seed0", cfgs[:1])]  # alone: a trial's own run
+    gpu = [cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"use_gpu": True})}) for cfg in cfgs]
+    assert [name for name, _ in runs_of("c", gpu)] == ["c_seed0", "c_seed1", "c_seed2"]
+
+
+def group(seeds: int, runs: int) -> tuple[SeedGroup, list[dict]]:
     reported: list[dict] = []
-    cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(2)]
+    cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(seeds)]
     g = SeedGroup(cfgs, "val/accuracy", reported.append, name="c")
-    assert g.name == "c" and SeedGroup(cfgs[:1], "val/accuracy", reported.append, name="c").name == "c_seed0"
-    at = [group_report([{"val/accuracy": a, "progress/step": step}, {"val/accuracy": b, "progress/step": step}])
-          for step, a, b in ((5, 0.1, 0.3), (10, 0.2, 0.4))]
-    for report in (at[0], at[1], at[1]):  # the last one again, as a resumed finished run reports it
-        g._report(report)
-    assert [r["progress/step"] for r in reported] == [5, 10]
-    assert reported[1]["val/accuracy"] == pytest.approx(0.3) and reported[1]["seeds/1/val/accuracy"] == 0.4
-    assert reported[1]["val/accuracy/ci_low"] < 0.2 and reported[1][HORIZON_KEY] == cfgs[0].learner.steps
+    g.history = [{} for _ in range(runs)]
+    return g, reported
+
+
+def test_a_step_is_reported_once_every_run_has_reached_it_with_the_seeds_interval():
+    g, reported = group(3, 2)  # seeds 0 and 1 in one run, seed 2 in another (as split on GPUs)
+    g.history[0] = {5: seed_reports(group_report([{"val/accuracy": 0.1}, {"val/accuracy": 0.3}]))}
+    g._report_ready(done=[False, False])
+    assert reported == []  # the second run has reported nothing yet
+    g.history[1] = {5: [{"val/accuracy": 0.5}], 10: [{"val/accuracy": 0.6}]}
+    g._report_ready(done=[False, False])
+    g._report_ready(done=[False, False])  # nothing new: nothing reported twice
+    assert [r["progress/step"] for r in reported] == [5]
+    assert reported[0]["val/accuracy"] == pytest.approx(0.3) and reported[0]["seeds/2/val/accuracy"] == 0.5
+    assert reported[0]["val/accuracy/ci_low"] < 0.1 and reported[0][HORIZON_KEY] == g.cfgs[0].learner.steps
+
+
+def test_a_finished_run_stands_at_its_last_step():
+    g, reported = group(2, 2)
+    g.history[0] = {1: [{"val/accuracy": 0.1}], 2: [{"val/accuracy": 0.2}], 3: [{"val/accuracy": 0.3}]}
+    g.history[1] = {1: [{"val/accuracy": 0.5}]}
+    g._report_ready(done=[False, False])
+    assert [r["progress/step"] for r in reported] == [1]  # run 1 is still running: step 2 waits
+    g._report_ready(done=[False, True])  # run 1 ended at step 1 (pruned, or resumed finished)
+    assert [r["progress/step"] for r in reported] == [1, 2, 3]
+    assert reported[-1]["seeds/1/val/accuracy"] == 0.5 and reported[-1]["val/accuracy"] == pytest.approx(0.4)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

@@ -48,7 +48,7 @@ def encode_prompt(tokenizer, problem: PromptProblem, prompt: PromptConfig | None
     return prompt_ids(tokenizer, problem, prompt.template, prompt.prefill, prompt.user_format)
 
 
-def within_context(problems: list, tokenizer, prompt: PromptConfig, budget: int) -> tuple[list, int]:
+def within_context(problems: list, tokenizer, prompt: PromptConfig, budget: float) -> tuple[list, int]:
     """(the problems whose prompt, templated with its prefill, has at most `budget` tokens, in order; how many
     had more): a prompt past the policy's context would reach an engine that cannot hold it."""
     kept = [p for p in problems if len(encode_prompt(tokenizer, p, prompt)) <= budget]

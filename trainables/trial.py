@@ -32,6 +32,7 @@ from trainables.data.offline import OfflineStore
 from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
 from trainables.runtime.checkpoint import rng_state, set_rng_state
+from trainables.runtime.errors import TrialError
 from trainables.runtime.ranks import reduce_max, reduce_sums
 from trainables.rollout.client import Pending, RolloutClient, Shared
 from trainables.rollout.ead import ead_decay, tau_table
@@ -117,7 +118,8 @@ class Trial:
         self.learner = Learner(model_path, cfg, world_size=self.world, device=device)
         self.startup_marks["learner"] = time.time()
         self.client = RolloutClient(engines, cfg.rollout, self.learner, trial=cfg.name, rank=self.rank,
-                                    timeout_s=cfg.checkpoint.actor_timeout_s, slot=slot, shared=shared)
+                                    timeout_s=cfg.checkpoint.actor_timeout_s, slot=slot, shared=shared,
+                                    run=inputs.run_name)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
                                    world=self.world)
         self.record = TrialLog(cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank,
@@ -137,11 +139,15 @@ class Trial:
         from transformers import AutoConfig
 
         cfg = self.cfg
-        budget = AutoConfig.from_pretrained(model_path).max_position_embeddings - cfg.rollout.max_new_tokens
+        positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+        budget = positions - cfg.rollout.max_new_tokens if positions else float("inf")  # None: no limit it states
         train_set, val_sets = train_problems(cfg), {}
         if cfg.task.name == "offline_prompts":  # the built-in task's prompts are a few dozen tokens
             train_set, overlong = within_context(train_set, self.tokenizer, cfg.prompt, budget)
             self.say_skipped("training prompts", Counter(overlong=overlong))
+            if not train_set:
+                raise TrialError(f"trial {cfg.name}: every training prompt is longer than the policy's context "
+                                 f"({positions} positions less rollout.max_new_tokens {cfg.rollout.max_new_tokens})")
         sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed, cfg.validation.num_prompts)
         for name, problems in sets.items():
             if name != BUILTIN:

@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 from trainables.config import TrialConfig
 from trainables.runtime.ranks import from_rank0
 
-CACHE_VERSION = 1  # bump when validation's arithmetic changes
+CACHE_VERSION = 2  # bump when validation's arithmetic or problems change (2: prompts past the context skipped)
 # Sections and fields that cannot change what the base policy's validation returns.
 UNUSED = {"name": None, "storage": None, "cache_dir": None, "algorithm": None,
           "encoder": None, "checkpoint": None, "logging": None,

@@ -49,9 +49,10 @@ class RolloutClient:
     before it generates whenever the engines hold another seed's (or an older) version."""
 
     def __init__(self, engines: list, cfg, learner, *, trial: str, rank: int, timeout_s: float,
-                 slot: int = 0, shared: Shared | None = None):
+                 slot: int = 0, shared: Shared | None = None, run: str | None = None):
         self.engines, self.cfg, self.learner = engines, cfg, learner
         self.trial, self.rank, self.timeout_s = trial, rank, timeout_s
+        self.run = run or trial  # the Ray Train run whose engines these are (their placement group's name)
         self.service = engines[rank % len(engines)]
         self.shared = shared or Shared(weight_push(engines, cfg))  # rank 0 pushes; every rank prepares
         self.push = self.shared.push
@@ -102,7 +103,7 @@ class RolloutClient:
 
     def stop_if_removed(self) -> None:
         """A trial whose sweep stopped it (its engines' group removed) ends here, saying nothing of a fault."""
-        if engines_removed(self.cfg, self.trial):
+        if engines_removed(self.cfg, self.run):
             raise TrialStopped(f"trial {self.trial}: its rollout engines were removed (the sweep stopped it)")
 
     def release_gpus(self) -> None:
