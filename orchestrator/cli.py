@@ -45,8 +45,9 @@ def parser(prog: str, doc: str, kind: str, example: str, count: str) -> argparse
                    help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
                    "Ray Tune's saved state is pickled, so it is restored only when this product's seal on it holds")
     p.add_argument("--trust-unsealed", action="store_true",
-                   help="with --resume: restore state that carries no valid seal of yours (a folder from before "
-                   "seals, or a colleague's): its pickles run the code they name, so only for folders you trust")
+                   help="with --resume: restore state and checkpoints that carry no valid seal of yours (a folder "
+                   "from before seals, or a colleague's): Tune's pickles run the code they name, so only for "
+                   "folders you trust")
     p.add_argument("--force", action="store_true", help="with --resume: continue even if the spec's settings differ "
                    "from the ones it started with")
     return p

@@ -51,7 +51,7 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
     console.print(f"confirmation: training {arm.config_id} on seeds {[cfg.seed for cfg in cfgs]}", highlight=False)
     name = f"{arm.config_id}_seeds{cfgs[0].seed}-{cfgs[-1].seed}"  # a look's seeds: a run of their own
     results = SeedGroup(cfgs, metric, lambda report: None, name=name).run(
-        model_path, exp.tracking_uri, run_ids, store, exp.stop.uri)
+        model_path, exp.tracking_uri, run_ids, store, exp.stop.uri, exp.trust_unsealed)
     hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
     for run_id in run_ids:
         tracker.finish(run_id, "finished")

@@ -38,6 +38,7 @@ from orchestrator.cli import later
 from trainables.config import MAX_SAMPLES, DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
 from trainables.names import MODEL_PRESETS
+from trainables.runtime.seal import seal_key
 from trainables.data.prompts import TEMPLATES
 from trainables.tasks import encode_prompt, load_benchmarks
 from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
@@ -157,7 +158,7 @@ def seed_part(folder: Path, seed_index: int) -> tuple[Path, str]:
     return part, f"{folder.name}-seed_{seed_index}"
 
 
-def resolve_policy(target: Path, cache_dir: str, seed_index: int = 0) -> tuple[Path, dict | None]:
+def resolve_policy(target: Path, cache_dir: str, seed_index: int = 0, trust: bool = False) -> tuple[Path, dict | None]:
     """(model folder, the trial's spec or None) for a model folder, a trial folder (a configuration's run:
     the seed at `seed_index`) or a model preset."""
     if (target / "config.json").is_file():
@@ -185,7 +186,8 @@ def resolve_policy(target: Path, cache_dir: str, seed_index: int = 0) -> tuple[P
     seen: list[str] = []
     found = checkpoint.first_intact(((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
                                     lambda _, folder: checkpoint.saved_world_size(folder) or 1, export,
-                                    lambda folder, problem: unusable(folder, problem, seen))
+                                    lambda folder, problem: unusable(folder, problem, seen),
+                                    None if trust else seal_key())
     if found is None:
         latest = f"; the latest, {seen[0]}" if seen else " (it lists none)"
         raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}{latest}")
@@ -227,7 +229,7 @@ def run(args) -> dict:
     modes = decodings(args)
     target = Path(args.model_or_trial).expanduser().resolve()
     base = load_trial_spec(args.spec) if args.spec else TrialConfig()
-    model_path, trial_spec = resolve_policy(target, base.cache_dir, args.seed_index)
+    model_path, trial_spec = resolve_policy(target, base.cache_dir, args.seed_index, args.trust_unsealed)
     cfg = base if args.spec or not trial_spec else TrialConfig.model_validate(trial_spec)
     benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
     max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
@@ -310,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, help="response cap (default: the spec's)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--trust-unsealed", action="store_true", help="take a checkpoint this product did not "
+                        "seal (one from before seals, or a colleague's); only for checkpoints you trust")
     parser.add_argument("--seed-index", type=int, default=0, help="a configuration's folder of a sweep (several "
                         "seeds in one run): which seed's policy, 0-based (default 0)")
     parser.add_argument("--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)")

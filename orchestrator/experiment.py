@@ -61,6 +61,7 @@ class Experiment:
     stop: StopRequest
     lease: Lease
     seals: dict[str, list[str]] = field(default_factory=dict)  # Tune's state files vouched for at --resume
+    trust_unsealed: bool = False  # --trust-unsealed: its trials' checkpoints too
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -94,7 +95,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     tracker, stop = start_cluster(storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri,
                                   experiment=base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, seals)
+    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, seals, trust_unsealed)
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp

@@ -239,13 +239,13 @@ def start_verifier():
 
 def fit_trial(cfgs: list[TrialConfig], model_path: Path, *, name: str, tracking_uri: str | None, run_ids: list,
               store: OfflineStore | None = None, run_callbacks: list | None = None, stop_file: str | None = None,
-              started_at: float | None = None):
+              started_at: float | None = None, trust_unsealed: bool = False):
     """Start the run's rollout engines (and encoder), run one Ray Train loop for the seeds `cfgs` (a
     configuration's, or one trial), return the `Result`.
 
     name: the Ray Train run's (a trial's own name when it trains alone); run_ids: each seed's MLflow run in
     `tracking_uri` (None: untracked). `started_at` (time.time()) is where the start-up began, for its
-    `timing/startup`.
+    `timing/startup`. `trust_unsealed`: resume from checkpoints this product did not seal.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -263,7 +263,8 @@ def fit_trial(cfgs: list[TrialConfig], model_path: Path, *, name: str, tracking_
     try:
         fit_at = time.time()
         inputs = [TrialInputs(seed, str(model_path), engines, verifier, tracking_uri, run_id, store, embedder,
-                              stop_file, started_at, fit_at, run_name=name) for seed, run_id in zip(cfgs, run_ids, strict=True)]
+                              stop_file, started_at, fit_at, run_name=name, trust_unsealed=trust_unsealed)
+                  for seed, run_id in zip(cfgs, run_ids, strict=True)]
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"inputs": inputs},

@@ -119,7 +119,7 @@ class SeedGroup:
         self.reported = 0
 
     def run(self, model_path: Path, tracking_uri: str | None, run_ids: list, store=None,
-            stop_file: str | None = None) -> list[dict]:
+            stop_file: str | None = None, trust_unsealed: bool = False) -> list[dict]:
         """Train every seed, as many runs at once as the cluster holds; each seed's final metrics, in seed
         order. A run's error is raised at once: the Tune trial ends, and the other runs with it."""
         import ray
@@ -134,7 +134,7 @@ class SeedGroup:
         ids = iter(run_ids)
         threads = [threading.Thread(target=self._fit, name=name, daemon=True,
                                     args=(i, name, cfgs, model_path, tracking_uri, [next(ids) for _ in cfgs], store,
-                                          stop_file, inbox, gate))
+                                          stop_file, trust_unsealed, inbox, gate))
                    for i, (name, cfgs) in enumerate(self.runs)]
         for thread in threads:
             thread.start()
@@ -153,11 +153,12 @@ class SeedGroup:
         return [seed for result in self.results for seed in seed_reports(dict(result.metrics or {}))]
 
     def _fit(self, index: int, name: str, cfgs: list[TrialConfig], model_path: Path, tracking_uri: str | None,
-             run_ids: list, store, stop_file, inbox, gate: threading.Semaphore) -> None:
+             run_ids: list, store, stop_file, trust_unsealed: bool, inbox, gate: threading.Semaphore) -> None:
         try:
             with gate:
                 result = fit_trial(cfgs, model_path, name=name, tracking_uri=tracking_uri, run_ids=run_ids,
-                                   store=store, run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file)
+                                   store=store, run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file,
+                                   trust_unsealed=trust_unsealed)
             self.results[index] = result
             if result.error:
                 self.errors[index] = result.error
@@ -195,7 +196,7 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
     """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds in
     one Ray Train run, each seed its own nested MLflow run (param `seed`, tag `config`)."""
     tracking = {"uri": exp.tracking_uri, "parent_run_id": exp.parent, "sweep": exp.name}
-    storage, stop = f"{exp.uri}/trials", exp.stop
+    storage, stop, trust = f"{exp.uri}/trials", exp.stop, exp.trust_unsealed
 
     def trainable(sampled: dict[str, Any]) -> None:
         from ray import tune
@@ -216,7 +217,7 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
             if store is not None:
                 tracker.log_offline_store(run_id, store)
         group = SeedGroup(cfgs, metric, tune.report, name=config_id)
-        results = group.run(model_path, tracking["uri"], run_ids, store, stop.uri)
+        results = group.run(model_path, tracking["uri"], run_ids, store, stop.uri, trust)
         # Checkpointed for a resume: stay "running" so that Tune neither closes the trial nor starts
         # another in its place before the driver exits.
         hold_if_preempted(results, tracker, run_ids, stop, config_id)

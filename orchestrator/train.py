@@ -28,7 +28,7 @@ from orchestrator.lease import Lease, release_all
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from orchestrator.spec import BEST_SPEC, SpecError, derived_numbers, load_trial_spec
 from trainables.config import TrialConfig
-from trainables.runtime.errors import stated
+from trainables.runtime.errors import UnusableCheckpoint, stated
 from trainables.metrics import SUMMARY_NAMESPACES
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def check_fresh(cfg: TrialConfig, resume: bool) -> None:
                         f"--resume to continue it, or --set name=NEW for a new run")
 
 
-def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str, float]:
+def run(cfg: TrialConfig, resume: bool = False, force: bool = False, trust_unsealed: bool = False) -> dict[str, float]:
     """Run (or with `resume` continue) the trial; its final metrics, with progress/preempted = 1 when
     it stopped early for a resume."""
     cfg.storage = launch.storage_uri(cfg.storage)  # the run's identity, wherever it is resumed from
@@ -82,7 +82,7 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False) -> dict[str
         stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
         start = time.perf_counter()
         result = launch.fit_trial([cfg], model_path, name=cfg.name, tracking_uri=uri, run_ids=[run_id], store=store,
-                                  stop_file=stop.uri, started_at=started_at)
+                                  stop_file=stop.uri, started_at=started_at, trust_unsealed=trust_unsealed)
         if result.error:
             raise result.error
         metrics = dict(result.metrics or {})
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="continue the run of the same name from its latest checkpoint")
     parser.add_argument("--force", action="store_true",
                         help="with --resume: continue even if the spec's settings differ from the run's own")
+    parser.add_argument("--trust-unsealed", action="store_true",
+                        help="with --resume: take a checkpoint this product did not seal (one from before seals, or "
+                        "a colleague's); only for checkpoints you trust")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate the spec (not its data files) and print what it amounts to; run nothing")
     args = parser.parse_args(argv)
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             console.print(derived_numbers(cfg), soft_wrap=True)
             return 0
-        metrics = run(cfg, resume=args.resume, force=args.force)
+        metrics = run(cfg, resume=args.resume, force=args.force, trust_unsealed=args.trust_unsealed)
     except (SpecError, FileNotFoundError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         if (cause := stated(e)) is None:
             raise
         console.print(f"[red]trial stopped:[/red] {cause}", highlight=False, soft_wrap=True)
-        return 1
+        return 2 if isinstance(cause, UnusableCheckpoint) else 1
     finally:
         release_all()
     return STOPPED_EXIT_CODE if metrics.get("progress/preempted") else 0

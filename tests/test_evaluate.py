@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 from orchestrator import evaluate, report, train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import default_tracking_uri
-from trainables.runtime.checkpoint import write_manifest
+from trainables.runtime.checkpoint import manifest_seal, write_manifest
+from trainables.runtime.seal import seal_key
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -117,11 +118,12 @@ def test_a_trial_folder_whose_snapshot_is_malformed_is_one_line(tmp_path, capsys
 
 
 def manifest(rank_files: dict[str, str]) -> str:
+    """Rank 0's manifest of `rank_files`, sealed with this user's key (as a trial of this product writes it)."""
     import hashlib
 
-    return json.dumps({"rank": 0, "world_size": 1, "files": {
-        name: {"size": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-        for name, text in rank_files.items()}})
+    files = {name: {"size": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+             for name, text in rank_files.items()}
+    return json.dumps({"rank": 0, "world_size": 1, "files": files, "seal": manifest_seal(0, 1, files, seal_key())})
 
 
 @pytest.mark.parametrize("state, expected", [
@@ -196,3 +198,11 @@ def test_a_checkpoint_whose_deepspeed_files_are_foreign_is_refused_in_one_line_n
     last = out.strip().splitlines()[-1]
     assert last.startswith("error:") and "engine/mp_rank_00_model_states.pt" in last and "refused unread" in last, out
     assert not marker.exists() and not (target / "export" / "checkpoint_1" / "config.json").exists()
+    # Sealed by someone else's key: refused for that first, in one line naming the manifest; trusted, its
+    # files are still read as data only.
+    write_manifest(folder, 0, 1, key=b"their key")
+    assert evaluate.main([str(target)]) == 2
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "MANIFEST.rank_0.json does not match its seal" in last and "--trust-unsealed" in last, last
+    assert evaluate.main([str(target), "--trust-unsealed"]) == 2
+    assert "refused unread" in capsys.readouterr().out.strip().splitlines()[-1] and not marker.exists()

@@ -1,10 +1,12 @@
 """A configuration's seeds in one Ray Train run (trainables/group.py): each seed's numbers are, bit for bit,
-those it reaches trained alone as its own run; the run's report holds every seed's and their mean."""
+those it reaches trained alone as its own run, also through a lost engine and a lost learner rank; the
+run's report holds every seed's and their mean."""
 
 from __future__ import annotations
 
 import pytest
 
+from faults import logged_steps, sigkill_actor, when, when_step
 from orchestrator import evaluate, launch, train
 from orchestrator.spec import load_trial_spec
 from orchestrator.tracking import Tracker, default_tracking_uri
@@ -22,9 +24,33 @@ def seed_cfg(storage, seed: int, *extra: str):
 
 
 def histories(tracker: Tracker, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """Every metric the run logged at every step, but wall-clock times."""
+    """Every metric the run logged at every step, but wall-clock times and the record of faults."""
     keys = tracker.client.get_run(run_id).data.metrics
-    return {key: tracker.metric_history(run_id, key) for key in sorted(keys) if not key.startswith("timing/")}
+    return {key: sorted(tracker.metric_history(run_id, key)) for key in sorted(keys)
+            if not key.startswith(("timing/", "faults/"))}
+
+
+def train_together(storage, cfgs, name: str):
+    """The seeds `cfgs` in one Ray Train run named `name`: (its Result, its tracker, each seed's MLflow run)."""
+    for cfg in cfgs:
+        cfg.storage = launch.storage_uri(cfg.storage)
+    uri = default_tracking_uri(str(storage))
+    tracker = Tracker(uri, cfgs[0].logging.experiment)
+    run_ids = [tracker.start_trial_run(cfg) for cfg in cfgs]
+    result = launch.fit_trial(cfgs, resolve_model_path(cfgs[0].model, cfgs[0].cache_dir), name=name,
+                              tracking_uri=uri, run_ids=run_ids)
+    for run_id in run_ids:
+        tracker.finish(run_id, "finished")
+    return result, tracker, run_ids
+
+
+def same_as_alone(single: Tracker, tracker: Tracker, run_ids: list) -> None:
+    runs = {r.data.params["seed"]: r.info.run_id for r in single.client.search_runs([single.experiment_id])}
+    for seed, run_id in zip((0, 1), run_ids, strict=True):
+        expected, got = histories(single, runs[str(seed)]), histories(tracker, run_id)
+        assert got.keys() == expected.keys()
+        differ = [key for key in expected if got[key] != expected[key]]
+        assert not differ, f"seed {seed}: {differ[:5]}"
 
 
 @pytest.mark.slow
@@ -34,34 +60,34 @@ def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_mo
     them) and each alone: every metric at every step equal, and the run's report each seed's own."""
     alone, together = tmp_path / "alone", tmp_path / "together"
     finals = [train.run(seed_cfg(alone, seed, f"rollout.overlap={overlap}")) for seed in (0, 1)]
-    cfgs = [seed_cfg(together, seed, f"rollout.overlap={overlap}") for seed in (0, 1)]
-    for cfg in cfgs:
-        cfg.storage = launch.storage_uri(cfg.storage)
-    uri = default_tracking_uri(str(together))
-    grouped = Tracker(uri, cfgs[0].logging.experiment)
-    run_ids = [grouped.start_trial_run(cfg) for cfg in cfgs]
-    result = launch.fit_trial(cfgs, resolve_model_path(cfgs[0].model, cfgs[0].cache_dir), name="both",
-                              tracking_uri=uri, run_ids=run_ids)
+    result, grouped, run_ids = train_together(together, [seed_cfg(together, seed, f"rollout.overlap={overlap}")
+                                                         for seed in (0, 1)], "both")
     assert result.error is None
-    for run_id in run_ids:
-        grouped.finish(run_id, "finished")
-
-    single = Tracker(default_tracking_uri(str(alone)), cfgs[0].logging.experiment)
-    runs = {r.data.params["seed"]: r.info.run_id for r in single.client.search_runs([single.experiment_id])}
-    for seed, run_id in zip((0, 1), run_ids, strict=True):
-        expected, got = histories(single, runs[str(seed)]), histories(grouped, run_id)
-        assert got.keys() == expected.keys()
-        differ = [key for key in expected if got[key] != expected[key]]
-        assert not differ, f"seed {seed}: {differ[:5]}"
+    single = Tracker(default_tracking_uri(str(alone)), "rlvr-explore")
+    same_as_alone(single, grouped, run_ids)
     reports = seed_reports(dict(result.metrics))
     for report, final in zip(reports, finals, strict=True):
         assert report["val/accuracy"] == final["val/accuracy"]
         assert report["rollout/reward_mean"] == final["rollout/reward_mean"]
     assert result.metrics["val/accuracy"] == pytest.approx(sum(f["val/accuracy"] for f in finals) / 2)
-    # The checkpoint holds each seed's part in a folder of its own; evaluate takes the seed it is asked for.
+    # The checkpoint holds each seed's part in a folder of its own.
     assert sorted(p.name for p in (together / "both").glob("checkpoint_*/seed_*")) == ["seed_0", "seed_0", "seed_1", "seed_1"]
-    if overlap == 0:
-        assert evaluate.main([str(together / "both"), "--limit", "4", "--samples", "1", "--seed-index", "1",
-                              "--out", str(tmp_path / "eval.json")]) == 0
-        assert [p.name.split("-")[-1] for p in (together / "both" / "export").iterdir()] == ["seed_1"]
-        assert evaluate.main([str(together / "both"), "--seed-index", "2"]) == 2  # two seeds: no third
+    if overlap:
+        return
+    # Faults: the shared engine killed after step 1, the run's learner rank after step 3 (a checkpoint after
+    # step 2): both seeds resume from their parts of the checkpoint and reach what they reach alone.
+    faulted = tmp_path / "faulted"
+    cfgs = [seed_cfg(faulted, seed) for seed in (0, 1)]
+    watcher = when(lambda: min(logged_steps(faulted), default=0) >= 1, lambda: (
+        sigkill_actor("RolloutService"), when_step(faulted, 3, lambda: sigkill_actor("RayTrainWorker")).join()))
+    result, tracker, run_ids = train_together(faulted, cfgs, "faulted")
+    watcher.join()
+    assert result.error is None
+    same_as_alone(single, tracker, run_ids)
+    resumed = [tracker.metric_history(run_id, "faults/resumed_from_step") for run_id in run_ids]
+    assert all(points and points[0][1] == 2 for points in resumed), resumed
+    # evaluate takes the seed it is asked for from a configuration's folder.
+    assert evaluate.main([str(together / "both"), "--limit", "4", "--samples", "1", "--seed-index", "1",
+                          "--out", str(tmp_path / "eval.json")]) == 0
+    assert [p.name.split("-")[-1] for p in (together / "both" / "export").iterdir()] == ["seed_1"]
+    assert evaluate.main([str(together / "both"), "--seed-index", "2"]) == 2  # two seeds: no third

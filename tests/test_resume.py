@@ -28,6 +28,7 @@ from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from trainables.runtime.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
                                    write_manifest)
+from trainables.runtime.seal import seal_key
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +46,35 @@ def test_manifest_finds_missing_truncated_and_altered_parts(tmp_path):
     merged = tmp_path / "merged"
     for rank in (0, 1):  # what Ray Train does with the ranks' folders
         subprocess.run(["cp", "-r", f"{tmp_path / f'part{rank}'}/.", str(merged)], check=True)
-    assert checkpoint_problem(merged, 2) is None and saved_world_size(merged) == 2
-    assert "rank 2 never finished" in checkpoint_problem(merged, 3)
+    key = seal_key()
+    assert checkpoint_problem(merged, 2, key) is None and saved_world_size(merged) == 2
+    assert "rank 2 never finished" in checkpoint_problem(merged, 3, key)
 
     optim = merged / "engine" / "optim_1.pt"
     data = optim.read_bytes()
     optim.write_bytes(data[:100])
-    assert "engine/optim_1.pt has 100 bytes, its manifest says 4096" in checkpoint_problem(merged, 2)
+    assert "engine/optim_1.pt has 100 bytes, its manifest says 4096" in checkpoint_problem(merged, 2, key)
     optim.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    assert "does not match its sha256" in checkpoint_problem(merged, 2)
+    assert "does not match its sha256" in checkpoint_problem(merged, 2, key)
     optim.write_bytes(data)
     (merged / manifest_file(0)).unlink()
-    assert "MANIFEST.rank_0.json is missing" in checkpoint_problem(merged, 2)
+    assert "MANIFEST.rank_0.json is missing" in checkpoint_problem(merged, 2, key)
+
+
+def test_a_checkpoint_this_product_did_not_seal_is_refused_unless_trusted(tmp_path):
+    """A manifest's seal vouches for its rank's part: someone else's manifest (no seal, or another key's)
+    makes the checkpoint unusable, naming the file and the flag; trusted (key None), it is read as before."""
+    (tmp_path / "rank_0.pt").write_bytes(b"state")
+    write_manifest(tmp_path, 0, 1, key=b"someone else's key")
+    assert "MANIFEST.rank_0.json does not match its seal" in checkpoint_problem(tmp_path, 1, seal_key())
+    assert "--trust-unsealed" in checkpoint_problem(tmp_path, 1, seal_key())
+    assert checkpoint_problem(tmp_path, 1, None) is None
+    manifest = json.loads((tmp_path / manifest_file(0)).read_text())
+    del manifest["seal"]  # as written before seals
+    (tmp_path / manifest_file(0)).write_text(json.dumps(manifest))
+    assert "MANIFEST.rank_0.json has no seal" in checkpoint_problem(tmp_path, 1, seal_key())
+    write_manifest(tmp_path, 0, 1)
+    assert checkpoint_problem(tmp_path, 1, seal_key()) is None
 
 
 def test_foreign_checkpoint_files_are_data(tmp_path):
@@ -70,7 +88,7 @@ def test_foreign_checkpoint_files_are_data(tmp_path):
     (tmp_path.parent / "outside.txt").write_text("x")
     (tmp_path / manifest_file(0)).write_text(json.dumps({"rank": 0, "world_size": 1, "files": {
         "../outside.txt": {"size": 1, "sha256": "0" * 64}}}))
-    assert "outside the checkpoint's folder" in checkpoint_problem(tmp_path, 1)
+    assert "outside the checkpoint's folder" in checkpoint_problem(tmp_path, 1, None)
 
 
 @pytest.mark.slow
@@ -407,3 +425,28 @@ def test_a_non_finite_step_stops_the_trial_naming_it():
         line = str(stop.value)
         assert line.startswith("trial t: step 2: policy/grad_norm not finite") and "'policy/grad_norm': 0.5" in line
         assert "\n" not in line
+
+
+@pytest.mark.slow
+def test_a_resume_from_checkpoints_sealed_elsewhere_is_refused_in_one_line(ray_cluster, tiny_model_path, tmp_path, capsys):
+    """Every checkpoint of a stopped trial re-sealed under another key (as a colleague's folder would be):
+    `train --resume` exits 2 with one line naming the manifest and the flag; with --trust-unsealed it
+    continues to the end."""
+    from datetime import datetime
+
+    from trainables.runtime.checkpoint import Manifest, read_record
+
+    sets = [arg for o in [f"storage={tmp_path}", *TRIAL, "learner.steps=3", "checkpoint.every=1"] for arg in ("--set", o)]
+    cfg = trial_cfg(tmp_path, "learner.steps=3", "checkpoint.every=1")
+    cfg.checkpoint.save_by = datetime(2000, 1, 1)  # stops with a checkpoint at the first step boundary
+    assert train.run(cfg)["progress/preempted"] == 1
+    for manifest in (tmp_path / "ead").glob("checkpoint_*/MANIFEST.rank_*.json"):
+        record = read_record(manifest, Manifest)
+        write_manifest(manifest.parent, record.rank, record.world_size, key=b"their key")
+    capsys.readouterr()
+    assert train.main(["search_spaces/ead.yaml", *sets, "--resume", "--force"]) == 2  # --force: save_by differs
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trial stopped:")]
+    assert len(lines) == 1 and "does not match its seal" in lines[0] and "--trust-unsealed" in lines[0], lines
+    assert train.main(["search_spaces/ead.yaml", *sets, "--resume", "--force", "--trust-unsealed"]) == 0
+    (run,) = runs(tmp_path)
+    assert run.data.tags["state"] == "finished" and run.data.metrics["progress/step"] == 3

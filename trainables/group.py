@@ -38,6 +38,7 @@ class TrialGroup:
         first = self.trials[0]
         self.cfg, self.rank, self.world = first.cfg, first.rank, first.world
         self.name = inputs[0].run_name or first.cfg.name
+        self.trust_unsealed = inputs[0].trust_unsealed
         # The stop file is resolved once.
         self.stop_file = pyarrow.fs.FileSystem.from_uri(inputs[0].stop_file) if inputs[0].stop_file else None
         self.notices = Notices(self.rank, inputs[0].engines)  # drains and SIGTERM: checkpoint before the resources go
@@ -47,7 +48,8 @@ class TrialGroup:
 
     def restore(self) -> None:
         """Continue every seed from the latest intact checkpoint; a corrupt latest one falls back to an older one."""
-        states = resume.restore([(t.part, t.learner) for t in self.trials], self.rank, self.world, self.name)
+        states = resume.restore([(t.part, t.learner) for t in self.trials], self.rank, self.world, self.name,
+                                trust=self.trust_unsealed)
         for trial, state in zip(self.trials, states or [], strict=False):
             trial.load_state(state)
         self.start_step = self.trials[0].start_step

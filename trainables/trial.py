@@ -89,6 +89,7 @@ class TrialInputs:
     started_at: float | None = None  # the driver's time.time() when the trial began starting up
     fit_at: float | None = None  # the driver's time.time() when it handed the trial to Ray Train
     run_name: str | None = None  # the Ray Train run the seed trains in (a configuration's: `TrialGroup`)
+    trust_unsealed: bool = False  # resume from a checkpoint this product did not seal (--trust-unsealed)
 
 
 class Trial:

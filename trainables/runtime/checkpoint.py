@@ -8,7 +8,9 @@ Layout of one checkpoint folder (the per-rank folders merged by Ray Train):
     MANIFEST.rank_<r>.json     written last by rank r: size and sha256 of each file it wrote (`Manifest`)
 
 A checkpoint is complete when every rank's manifest is there and every listed file matches it; a
-missing manifest is a save that never finished, a mismatch is corruption. A checkpoint may come
+missing manifest is a save that never finished, a mismatch is corruption. Each manifest carries the
+product's seal (trainables/runtime/seal.py) over its content: a checkpoint the product did not write
+is refused unless the user trusts it (--trust-unsealed). A checkpoint may come
 from someone else: every file it names stays inside its folder, and every torch.load in a trial reads
 tensors and plain data only (TORCH_FORCE_WEIGHTS_ONLY_LOAD, with DeepSpeed's own three record
 classes allowed), never arbitrary pickled objects. The data position, the
@@ -19,6 +21,7 @@ restores them.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import pickle
 import random
@@ -30,6 +33,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
+
+from trainables.runtime.seal import seal_key, seal_of
 
 TRIAL_STATE = "trial_state.json"
 T = TypeVar("T")
@@ -50,6 +55,7 @@ class Manifest(Record):
     rank: NonNegativeInt
     world_size: PositiveInt
     files: dict[str, FileEntry]
+    seal: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # `manifest_seal`: the product wrote it
 
 
 class TrialState(Record):
@@ -144,12 +150,21 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_manifest(folder: str | Path, rank: int, world_size: int) -> None:
-    """Seal rank `rank`'s part of a checkpoint: every file now in `folder`, with size and sha256."""
+def manifest_seal(rank: int, world_size: int, files: dict[str, dict], key: bytes) -> str:
+    """The seal of a manifest (trainables/runtime/seal.py) over its canonical JSON: with the sha256 of
+    every file it lists, it vouches for the whole of rank `rank`'s part."""
+    body = json.dumps({"rank": rank, "world_size": world_size, "files": files}, sort_keys=True, separators=(",", ":"))
+    return seal_of(body.encode(), key)
+
+
+def write_manifest(folder: str | Path, rank: int, world_size: int, key: bytes | None = None) -> None:
+    """Seal rank `rank`'s part of a checkpoint: every file now in `folder`, with size and sha256, and the
+    manifest's seal under `key` (default: this user's or team's, `seal_key`)."""
     folder = Path(folder)
     files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
              for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST.")}
-    manifest = {"rank": rank, "world_size": world_size, "files": files}
+    seal = manifest_seal(rank, world_size, files, seal_key() if key is None else key)
+    manifest = {"rank": rank, "world_size": world_size, "files": files, "seal": seal}
     (folder / manifest_file(rank)).write_text(json.dumps(manifest, indent=1))
 
 
@@ -161,18 +176,21 @@ def saved_world_size(folder: str | Path) -> int | None:
         return None
 
 
-def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:
-    """Why the checkpoint in `folder` cannot be restored, or None when it is complete and intact."""
+def checkpoint_problem(folder: str | Path, world_size: int, key: bytes | None) -> str | None:
+    """Why the checkpoint in `folder` cannot be restored, or None when it is complete, intact and sealed
+    under `key` (None: the user trusts it unsealed)."""
     folder = Path(folder)
     for rank in range(world_size):
         manifest = folder / manifest_file(rank)
         if not manifest.is_file():
             return f"{manifest.name} is missing (rank {rank} never finished saving)"
         try:
-            files = read_record(manifest, Manifest).files
+            record = read_record(manifest, Manifest)
         except ValueError as e:
             return str(e)
-        for name, expected in files.items():
+        if key is not None and (problem := seal_problem(manifest.name, record, key)):
+            return problem
+        for name, expected in record.files.items():
             path = folder / name
             if not path.resolve().is_relative_to(folder.resolve()):
                 return f"{manifest.name} names {name}, outside the checkpoint's folder"
@@ -185,16 +203,29 @@ def checkpoint_problem(folder: str | Path, world_size: int) -> str | None:
     return None
 
 
+def seal_problem(name: str, manifest: Manifest, key: bytes) -> str | None:
+    """Why the manifest `name` is not vouched for by this product's seal under `key`, or None."""
+    files = {k: v.model_dump() for k, v in manifest.files.items()}
+    if manifest.seal is None:
+        why = "has no seal of this product's key (written elsewhere, or before seals)"
+    elif not hmac.compare_digest(manifest.seal, manifest_seal(manifest.rank, manifest.world_size, files, key)):
+        why = "does not match its seal (changed since it was sealed, or sealed with another key)"
+    else:
+        return None
+    return f"{name} {why}; if you trust the checkpoint, add --trust-unsealed"
+
+
 def first_intact(candidates: Iterable[tuple[str, AbstractContextManager]], world: Callable[[str, Path], int],
-                 load: Callable[[Path], T], unusable: Callable[[str, str], None]) -> tuple[str, T] | None:
+                 load: Callable[[Path], T], unusable: Callable[[str, str], None],
+                 key: bytes | None) -> tuple[str, T] | None:
     """(name, `load` of its folder) of the first intact checkpoint among `candidates` (name, a context
     giving its folder), newest first: a folder whose files fail `checkpoint_problem` for
-    `world(name, folder)` ranks, or that `load` refuses (ValueError), is reported to
+    `world(name, folder)` ranks and `key`, or that `load` refuses (ValueError), is reported to
     `unusable(name, why)` and the next one is tried. None when none is intact."""
     for name, opened in candidates:
         with opened as folder:
             folder = Path(folder)
-            problem = checkpoint_problem(folder, world(name, folder))
+            problem = checkpoint_problem(folder, world(name, folder), key)
             if problem is None:
                 try:
                     return name, load(folder)

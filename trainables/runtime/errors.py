@@ -16,6 +16,10 @@ class CheckpointError(TrialError):
     """A checkpoint that cannot be written, or no intact one to resume from: the trial stops."""
 
 
+class UnusableCheckpoint(CheckpointError):
+    """No checkpoint to resume from is intact, readable and sealed by the product: bad input (exit 2)."""
+
+
 def stated(error: BaseException | None) -> TrialError | None:
     """The TrialError behind `error` (a Ray Train WorkerGroupError holds one per failed worker), if any."""
     seen, todo = set(), [error]

@@ -15,7 +15,8 @@ import torch
 
 from trainables.runtime.checkpoint import (TRIAL_STATE, TrialState, first_intact, load_engine, rank_file, read_rank_state, read_record,
                                    saved_world_size, write_manifest)
-from trainables.runtime.errors import CheckpointError, write_failure
+from trainables.runtime.errors import CheckpointError, UnusableCheckpoint, write_failure
+from trainables.runtime.seal import seal_key
 
 
 class Part(NamedTuple):
@@ -53,10 +54,11 @@ def save(parts: list[Part], step: int, rank: int, world: int, metrics: dict[str,
     return time.perf_counter() - start
 
 
-def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str) -> list[dict] | None:
+def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str, trust: bool = False) -> list[dict] | None:
     """For each seed's (folder in the checkpoint, learner): the trial state (TRIAL_STATE) of the latest
     intact checkpoint, with this rank's RNG streams (`rng`) and `next_rollouts` (None when none was saved),
-    its learner loaded; None when there is no checkpoint to resume from."""
+    its learner loaded; None when there is no checkpoint to resume from. `trust`: one the product did not
+    seal is taken too (--trust-unsealed)."""
     latest = ray.train.get_checkpoint()
     if latest is None:
         return None
@@ -84,9 +86,10 @@ def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str) 
         if rank == 0:
             print(f"[trial {trial}] checkpoint {path} is unusable: {problem}; trying the one before it", flush=True)
 
-    found = first_intact(((c.path, c.as_directory()) for c in newest_first(latest)), same_world, load, unusable)
+    found = first_intact(((c.path, c.as_directory()) for c in newest_first(latest)), same_world, load, unusable,
+                         None if trust else seal_key())
     if found is None:
-        raise CheckpointError(f"checkpoint: no intact checkpoint to resume {trial} from; the latest, {problems[0]}")
+        raise UnusableCheckpoint(f"checkpoint: no intact checkpoint to resume {trial} from; the latest, {problems[0]}")
     path, states = found
     if rank == 0:
         print(f"[trial {trial}] resumed after step {states[0]['step'] + 1} from {path}", flush=True)
