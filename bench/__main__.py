@@ -371,23 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     storage.mkdir(parents=True, exist_ok=True)
     rows, details = {}, {}
     start = time.perf_counter()
-    for section in SECTIONS:  # the sweep first: it starts (and stops) its own Ray cluster
-        if section not in sections:
-            continue
-        if section == "sweep":
-            found, details["sweep"] = sweep_rows(args.spec, storage / "sweep", args.quick)
-        elif section == "seeds":
-            found, details["seeds"] = seed_rows(args.spec, storage / "seeds", args.quick)
-        elif section == "engines":
-            found, details["engines"] = engine_rows(cfg, args.quick)
-        elif section == "learner":
-            found, details["learner"] = learner_rows(cfg, args.quick)
-        elif section == "decisions":
-            found, details["decisions"] = decision_rows(args.quick)
-        elif section == "peers":
-            found, details["peers"] = peer_rows(args.spec, storage / "peers", steps, args.quick, args.overrides)
-        else:
-            found, details["trials"] = trial_rows(args.spec, storage / "trials", steps, args.overrides)
+    run = {"sweep": lambda: sweep_rows(args.spec, storage / "sweep", args.quick),
+           "seeds": lambda: seed_rows(args.spec, storage / "seeds", args.quick),
+           "engines": lambda: engine_rows(cfg, args.quick), "learner": lambda: learner_rows(cfg, args.quick),
+           "decisions": lambda: decision_rows(args.quick),
+           "peers": lambda: peer_rows(args.spec, storage / "peers", steps, args.quick, args.overrides),
+           "trials": lambda: trial_rows(args.spec, storage / "trials", steps, args.overrides)}
+    for section in [s for s in SECTIONS if s in sections]:  # the sweeps first: each starts its own Ray cluster
+        found, details[section] = run[section]()
         rows.update(found)
     machine = f"{cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     title = f"python -m bench{' --quick' if args.quick else ''} {args.spec}, seed {cfg.seed}, {machine}"

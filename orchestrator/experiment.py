@@ -36,7 +36,6 @@ STUDY_FILE = "optuna.db"
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
 SEALED: dict[str, list[str]] = {}  # this run's seals of Tune's files (`seal_tune_state`), newest first
-STAGING: list[str] = []  # where Tune stages its state on this driver, once a trial shows it
 TUNE_URI: list[str] = []  # where the experiment keeps Tune's state (its SEALS file too)
 STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
 # Closing a trial's MLflow runs, off Tune's loop: a slow or dead tracking server (up to ~30 s of retries a
@@ -159,10 +158,6 @@ class TrialStates(Callback):
     def _say(self, trial, what: str) -> None:
         console.print(f"[bold]{trial.trial_id}[/bold] {what}", highlight=False, soft_wrap=True)
 
-    def on_step_begin(self, iteration, trials, **info):
-        if trials and not STAGING:
-            STAGING.append(trials[0].storage.experiment_driver_staging_path)
-
     def get_state(self) -> None:
         """Called by Tune each time it has saved its state: the moment to seal it. No state of its own."""
         seal_tune_state(staging_folder())
@@ -262,14 +257,14 @@ def seal_tune_state(staging: str | None) -> None:
 
 
 def staging_folder() -> str | None:
-    """Where Tune stages this experiment's state: as its trials say, else (before the first trial) the
-    newest staging folder of an experiment named `tune` in this Ray session."""
-    if STAGING:
-        return STAGING[0]
+    """Where Tune has just staged this experiment's state: of the staging folders of experiments named `tune`
+    in this Ray session, the one whose experiment state was written last (Tune asks its callbacks for their
+    state right after writing it). A restored trial's own staging path is its first session's, not this one."""
     from ray.train._internal.storage import _get_ray_train_session_dir
 
-    found = sorted(Path(_get_ray_train_session_dir()).glob("*/tune/driver_artifacts"), key=lambda p: p.stat().st_mtime)
-    return str(found[-1]) if found else None
+    states = Path(_get_ray_train_session_dir()).glob("*/tune/driver_artifacts/experiment_state-*.json")
+    newest = max(states, key=lambda p: p.stat().st_mtime, default=None)
+    return str(newest.parent) if newest is not None else None
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
@@ -326,7 +321,6 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
     SEALED.update(exp.seals)
     add_seals(SEALED, f"{exp.uri}/tune", ["tuner.pkl"], seal_key())  # written once, by the Tuner just made
     write_seals(f"{exp.uri}/tune", SEALED)
-    STAGING.clear()
     TUNE_URI[:] = [f"{exp.uri}/tune"]
     results = tuner.fit()
     closed()  # every trial's runs closed before the report reads them
