@@ -43,11 +43,10 @@ def parser(prog: str, doc: str, kind: str, example: str, count: str) -> argparse
     p.add_argument("--dry-run", action="store_true", help="check the spec and print what would run; start nothing")
     p.add_argument("--resume", action="store_true",
                    help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
-                   "Ray Tune's saved state is pickled, so it is restored only when this product's seal on it holds")
+                   "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote")
     p.add_argument("--trust-unsealed", action="store_true",
-                   help="with --resume: restore state and checkpoints that carry no valid seal of yours (a folder "
-                   "from before seals, or a colleague's): Tune's pickles run the code they name, so only for "
-                   "folders you trust")
+                   help="with --resume: let its trials resume from checkpoints that carry no valid seal of yours "
+                   "(written before seals, or by a colleague under another key); only for folders you trust")
     p.add_argument("--force", action="store_true", help="with --resume: continue even if the spec's settings differ "
                    "from the ones it started with")
     return p

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs
 from ray.tune import Callback
 
 from orchestrator.console import console, short_params
@@ -29,14 +28,11 @@ from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.models import resolve_model_path
-from trainables.runtime.seal import SEALS, add_seals, seal_key, seals_in, unsealed, write_seals
 
 STOP_GRACE_S = 600  # longest wait for running trials to checkpoint after SIGTERM
 STUDY_FILE = "optuna.db"
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has (Ray Train pins its state actor so)
 RUNNING: set[str] = set()  # ids of the trials running now (kept by the TrialStates callback)
-SEALED: dict[str, list[str]] = {}  # this run's seals of Tune's files (`seal_tune_state`), newest first
-TUNE_URI: list[str] = []  # where the experiment keeps Tune's state (its SEALS file too)
 STARTED: list[Experiment] = []  # experiments this command started: closed in MLflow on any way out
 # Closing a trial's MLflow runs, off Tune's loop: a slow or dead tracking server (up to ~30 s of retries a
 # call) never holds up the other trials; one thread keeps the closes in order, `closed()` waits for them.
@@ -59,16 +55,14 @@ class Experiment:
     parent: str | None
     stop: StopRequest
     lease: Lease
-    seals: dict[str, list[str]] = field(default_factory=dict)  # Tune's state files vouched for at --resume
-    trust_unsealed: bool = False  # --trust-unsealed: its trials' checkpoints too
+    trust_unsealed: bool = False  # --trust-unsealed: its trials resume from checkpoints sealed elsewhere
     started: float = field(default_factory=time.perf_counter)
 
 
 def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking_uri: str | None, spec: str,
           params: dict, resume: bool, force: bool = False, trust_unsealed: bool = False, seeds: int,
           cpus_per_trial: int) -> Experiment:
-    """Check the name is free (or resumable, its state sealed by this product), open the parent MLflow run,
-    start Ray, arm SIGTERM."""
+    """Check the name is free (or resumable), open the parent MLflow run, start Ray, arm SIGTERM."""
     check_name(name, "name")
     check_folder_path(storage, "storage")
     if tracking_uri is not None:
@@ -84,7 +78,6 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
                         f"http://HOST:5000 (the default sqlite store is a local file)")
     tracking_uri = tracking_uri or default_tracking_uri(storage)
     check_resumable(uri, name, resume)
-    seals = check_sealed(f"{uri}/tune", trust_unsealed) if resume else {}
     lease = claim_folder(f"{kind} {name!r} in {storage}", storage, name,
                          {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +87,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     tracker, stop = start_cluster(storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri,
                                   experiment=base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, seals, trust_unsealed)
+    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, trust_unsealed)
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
@@ -158,10 +151,6 @@ class TrialStates(Callback):
     def _say(self, trial, what: str) -> None:
         console.print(f"[bold]{trial.trial_id}[/bold] {what}", highlight=False, soft_wrap=True)
 
-    def get_state(self) -> None:
-        """Called by Tune each time it has saved its state: the moment to seal it. No state of its own."""
-        seal_tune_state(staging_folder())
-
     def _objective(self, result: dict) -> str:
         if self.metric not in result:
             return ""
@@ -216,55 +205,24 @@ def check_resumable(uri: str, name: str, resume: bool) -> None:
     if exists and not resume:
         raise SpecError(f"--name: {name!r} already exists in {uri}; pass --resume to continue it, or --name NEW "
                         f"for a new one")
+    if resume:
+        check_state_owner(f"{uri}/tune")
 
 
-def tune_state_files(tune_uri: str) -> list[str]:
-    """Ray Tune's files under `tune_uri` that a restore (or its results) may unpickle, relative to it: every
-    file at its top (tuner.pkl; the experiment's, the searcher's and the search generator's states, each
-    holding cloudpickled objects) and every .pkl below (a trial's params, its error)."""
-    fs, root = pyarrow.fs.FileSystem.from_uri(tune_uri)
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True, allow_not_found=True))
-    names = [info.path[len(root):].lstrip("/") for info in infos if info.type == pyarrow.fs.FileType.File]
-    return sorted(n for n in names if not Path(n).name.startswith(".") and n != SEALS
-                  and ("/" not in n or n.endswith(".pkl")))
-
-
-def check_sealed(tune_uri: str, trust: bool) -> dict[str, list[str]]:
-    """Before anything of Ray Tune's state is unpickled: every file of it must carry this product's seal
-    (trainables/runtime/seal.py). Returns the seals vouching for them as they are, which this run carries
-    on. `trust` (--trust-unsealed) skips the check, saying so now, and seals the folder as it is."""
-    names, key = tune_state_files(tune_uri), seal_key()
-    if trust:
-        console.print(f"[yellow]--trust-unsealed: restoring {tune_uri} without checking its seals; its pickled "
-                      "state runs the code it names[/yellow]", soft_wrap=True, highlight=False)
-    elif found := unsealed(tune_uri, sorted(names, key=lambda name: name != "tuner.pkl"), key):  # read first
-        name, why = found
-        raise SpecError(f"--resume: {tune_uri}/{name} {why}: this product did not write it as it is, and restoring "
-                        "it would run the code it names; refused unread (if you trust the folder, e.g. one written "
-                        "before seals or by your team with another key, add --trust-unsealed: it is sealed anew)")
-    seals: dict[str, list[str]] = {}
-    add_seals(seals, tune_uri, names, key)
-    return seals
-
-
-def seal_tune_state(staging: str | None) -> None:
-    """Seal Tune's state files as Tune has just written them in its staging folder (`TrialStates.get_state`:
-    Tune saves the experiment and the searcher, then asks its callbacks), into the experiment's SEALS
-    before Tune copies them there: whichever of the files the copy has reached, a seal vouches for it."""
-    if staging is not None and Path(staging).is_dir() and TUNE_URI:
-        add_seals(SEALED, staging, tune_state_files(staging), seal_key())
-        write_seals(TUNE_URI[0], SEALED)
-
-
-def staging_folder() -> str | None:
-    """Where Tune has just staged this experiment's state: of the staging folders of experiments named `tune`
-    in this Ray session, the one whose experiment state was written last (Tune asks its callbacks for their
-    state right after writing it). A restored trial's own staging path is its first session's, not this one."""
-    from ray.train._internal.storage import _get_ray_train_session_dir
-
-    states = Path(_get_ray_train_session_dir()).glob("*/tune/driver_artifacts/experiment_state-*.json")
-    newest = max(states, key=lambda p: p.stat().st_mtime, default=None)
-    return str(newest.parent) if newest is not None else None
+def check_state_owner(tune_folder: str, uid: int | None = None) -> None:
+    """Ray Tune's saved state is pickled: restoring it runs whatever code it names. A local folder holding
+    state another user wrote is refused; under a URI, where no owner can be read, the command says what it
+    is about to unpickle."""
+    if "://" in tune_folder:
+        console.print(f"[yellow]--resume: restoring Ray Tune's pickled state from {tune_folder}: it runs the code it "
+                      "names; resume only folders you or people you trust wrote[/yellow]", soft_wrap=True)
+        return
+    uid = os.getuid() if uid is None else uid
+    foreign = sorted(p for p in Path(tune_folder).iterdir() if p.is_file() and p.stat().st_uid != uid)
+    if foreign:
+        raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user "
+                        f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: "
+                        "refused")
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
@@ -317,11 +275,6 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
         run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
                                     callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
         tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
-    SEALED.clear()
-    SEALED.update(exp.seals)
-    add_seals(SEALED, f"{exp.uri}/tune", ["tuner.pkl"], seal_key())  # written once, by the Tuner just made
-    write_seals(f"{exp.uri}/tune", SEALED)
-    TUNE_URI[:] = [f"{exp.uri}/tune"]
     results = tuner.fit()
     closed()  # every trial's runs closed before the report reads them
     save_study(exp.folder, exp.uri)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The suite's own seal key (trainables/runtime/seal.py) in a config folder of its own, never the user's;
 # the CLI drivers the tests start inherit it.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="rlvr-explore-config-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], ignore_errors=True)
 os.environ.pop("RLVR_EXPLORE_SEAL_KEY", None)
 CACHE_DIR = REPO / ".cache"  # the same cache the CLI uses: built once, reused by later runs
 

@@ -116,3 +116,20 @@ def test_a_settings_file_that_is_not_settings_is_one_line_and_left_alone(tmp_pat
     with pytest.raises(SpecError, match=SETTINGS_FILE) as info:
         check_settings(str(tmp_path), {"trial": {}}, resume=True, force=False)
     assert len(str(info.value).splitlines()) == 1 and (tmp_path / SETTINGS_FILE).read_text() == text
+
+
+def test_tune_state_another_user_wrote_is_not_restored(tmp_path, capsys):
+    """Tune's state is pickled: a resume reads only state its own user wrote; under a URI it says what it unpickles."""
+    import os
+
+    from orchestrator.experiment import check_state_owner
+
+    tune = tmp_path / "tune"
+    tune.mkdir()
+    (tune / "tuner.pkl").write_bytes(b"\x80\x04N.")
+    check_state_owner(str(tune))  # written by this user
+    with pytest.raises(SpecError) as info:
+        check_state_owner(str(tune), uid=os.getuid() + 1)  # as another user sees the same folder
+    assert str(tune) in str(info.value) and "tuner.pkl" in str(info.value)
+    check_state_owner("s3://bucket/sweeps/ead/tune")
+    assert "s3://bucket/sweeps/ead/tune" in capsys.readouterr().out
