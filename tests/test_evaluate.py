@@ -206,3 +206,15 @@ def test_a_checkpoint_whose_deepspeed_files_are_foreign_is_refused_in_one_line_n
     assert "MANIFEST.rank_0.json does not match its seal" in last and "--trust-unsealed" in last, last
     assert evaluate.main([str(target), "--trust-unsealed"]) == 2
     assert "refused unread" in capsys.readouterr().out.strip().splitlines()[-1] and not marker.exists()
+
+
+def test_a_configurations_folder_gives_the_seed_asked_for(tmp_path):
+    """A sweep configuration's checkpoint holds each seed's part in seed_<r>/; a trial's is the part itself."""
+    trial = tmp_path / "checkpoint_1"
+    trial.mkdir()
+    assert evaluate.seed_part(trial, 0) == (trial, "checkpoint_1")
+    for r in (0, 1):
+        (trial / f"seed_{r}").mkdir()
+    assert evaluate.seed_part(trial, 1) == (trial / "seed_1", "checkpoint_1-seed_1")
+    with pytest.raises(ValueError, match="holds 2 seeds' parts"):
+        evaluate.seed_part(trial, 2)
