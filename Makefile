@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 VLLM_VENV ?= .venv-vllm
 VPY       := $(VLLM_VENV)/bin/python
 
-.PHONY: setup sweep train test test-vllm bench bench-quick bench-vllm clean
+.PHONY: setup sweep train test test-faults test-vllm bench bench-quick bench-ci bench-vllm clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ train: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+# The fault matrices (tests marked `faults`, about 35 minutes on 2 cores): the whole machine lost at five
+# moments of a sweep, the spot node drained, taken and replaced, the sweep driver killed and stopped, a hung
+# engine, a torn checkpoint, an overlapped trial's rank killed. Run before changing the runtime or orchestration.
+test-faults: setup
+	$(PY) -m pytest tests -m faults
 
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -53,6 +59,11 @@ bench: $(VENV)/.bench
 
 bench-quick: $(VENV)/.bench
 	$(PY) -m bench --quick
+
+# CI's share of the bench: the sections that start no sweep or trial of their own (those start-ups are what
+# the suite already pays for; `make bench-quick` runs every section).
+bench-ci: $(VENV)/.bench
+	$(PY) -m bench --quick --only engines,learner,decisions
 
 # EAD's cost in the vLLM engine (and the HF rows again), in the vLLM environment.
 bench-vllm: $(VLLM_VENV)/.installed

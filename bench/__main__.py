@@ -24,7 +24,9 @@ noise), checked against its target, printed as one table and written as JSON:
            rotated each round;
   decisions the sweep's decision procedure on simulated configurations of known truth (bench/decisions.py):
            error rates, the chance the truly best is pruned or confirmed, and the compute spent, old
-           procedure beside new; `python -m bench decisions` runs this section alone.
+           procedure beside new; then the default in worlds as harsh as real seeds (shared, heavy-tailed,
+           unequal seed effects, late ones), each world's rates and the compute its rungs save;
+           `python -m bench decisions` runs this section alone.
 
 --quick (CI) runs the same code on fewer steps, repeats and trials: its figures are rougher. The
 full run took about 7 minutes on 2 cores before the peers rows, which add about 3.5 (205 s measured alone).
@@ -89,6 +91,10 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": None,
     "decisions: P(truly best confirmed better), 2 SDs, old": None,
     "decisions: trial-steps new / old, 2 SDs": None,
+    "decisions: P(false better/worse), all equal, new (default), worst world": ("<=", 0.05),
+    "decisions: P(truly best chosen and confirmed better), 2 SDs, new (default), worst world": (">=", 0.8),
+    "decisions: P(truly best pruned), 1 SD better, new (default), worst world": ("<=", 0.10),
+    "decisions: compute saved by the interval rungs vs none, new (default), 2 SDs, calibrated world": None,
 }
 
 
@@ -279,8 +285,9 @@ def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
             "learner update tokens/s, chunked / full-logits pass": figures["speed"]["chunked_over_full"]}, figures
 
 
-def decision_rows(quick: bool) -> tuple[dict, dict]:
-    from bench.decisions import NEW, PROCEDURES, decision_figures, tune_figures
+def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
+    """The decisions section; `tune`: also the new procedure end to end through Ray Tune (starts Ray)."""
+    from bench.decisions import NEW, PROCEDURES, decision_figures, tune_figures, world_figures
 
     figures = decision_figures(quick)
     console.print(f"[bold]decisions[/bold]: {figures['sweeps']} simulated sweeps per scenario and procedure, "
@@ -293,11 +300,13 @@ def decision_rows(quick: bool) -> tuple[dict, dict]:
             table.add_row(scenario, proc, f"{r['false_verdict']:.3f}", f"{r['best_confirmed']:.3f}",
                           f"{r['best_pruned']:.3f}", f"{r['trial_steps']:.0f}")
     console.print(table)
-    figures["tune"] = tune_figures(2 if quick else 10)
-    console.print(f"through Ray Tune and Optuna ({figures['tune']['sweeps']} sweeps, the new procedure, a "
-                  f"configuration with x > 0.5 better by 2 SDs): P(a better one confirmed) "
-                  f"{figures['tune']['better_confirmed']:.2f}, P(false verdict) {figures['tune']['false_verdict']:.2f}, "
-                  f"{figures['tune']['trial_steps']:.0f} trial-steps a sweep", highlight=False)
+    if tune:
+        figures["tune"] = tune_figures(2 if quick else 10)
+        console.print(f"through Ray Tune and Optuna ({figures['tune']['sweeps']} sweeps, the new procedure, a "
+                      f"configuration with x > 0.5 better by 2 SDs): P(a better one confirmed) "
+                      f"{figures['tune']['better_confirmed']:.2f}, P(false verdict) "
+                      f"{figures['tune']['false_verdict']:.2f}, {figures['tune']['trial_steps']:.0f} trial-steps "
+                      "a sweep", highlight=False)
     sc, old, wide = figures["scenarios"], next(iter(PROCEDURES)), list(PROCEDURES)[-1]
     two = sc["one better by 2 SDs"]
     rows = {"decisions: P(false better/worse), all equal, new": sc["all equal"][NEW]["false_verdict"],
@@ -311,7 +320,43 @@ def decision_rows(quick: bool) -> tuple[dict, dict]:
     for row, value in rows.items():
         if row.startswith("decisions: P("):
             MC_SE[row] = (value * (1 - value) / figures["sweeps"]) ** 0.5
-    return rows, figures
+    figures["worlds"] = world_figures(quick)
+    print_worlds(figures["worlds"])
+    return {**rows, **world_rows(figures["worlds"]["worlds"])}, figures
+
+
+WORLD_COLUMNS = {"false_verdict": "P(false verdict), all equal", "better_when_worse": "P(better), every other worse",
+                 "best_pruned": "P(best pruned), 1 SD", "best_confirmed": "P(best chosen, confirmed), 2 SDs",
+                 "seed_runs": "seed-runs, 2 SDs", "pruning_saves": "rungs save, 2 SDs"}
+
+
+def print_worlds(figures: dict) -> None:
+    """One row per world: the default procedure's rates, each ± its Monte Carlo standard error."""
+    table = number_table(f"decisions by world: the default procedure, {figures['sweeps']} simulated sweeps per "
+                         "scenario (± Monte Carlo standard error)", ["world", *WORLD_COLUMNS.values()])
+    digits = {key: 1 if key == "seed_runs" else 3 for key in WORLD_COLUMNS}
+    for name, w in figures["worlds"].items():
+        table.add_row(name, *(f"{w[key][0]:.{digits[key]}f} ± {w[key][1]:.{digits[key]}f}" for key in WORLD_COLUMNS))
+    console.print(table)
+
+
+def world_rows(worlds: dict) -> dict[str, float]:
+    """The worst world's rates for the default against their targets (each world's standard error kept
+    in MC_SE), and the compute the rungs save in the calibrated world."""
+    from bench.decisions import CALIBRATED
+
+    picks = {"decisions: P(false better/worse), all equal, new (default), worst world": ("false_verdict", max),
+             "decisions: P(truly best chosen and confirmed better), 2 SDs, new (default), worst world":
+             ("best_confirmed", min),
+             "decisions: P(truly best pruned), 1 SD better, new (default), worst world": ("best_pruned", max)}
+    rows = {}
+    for row, (key, worst) in picks.items():
+        name = worst(worlds, key=lambda w: worlds[w][key][0])
+        rows[row], MC_SE[row] = worlds[name][key]
+        console.print(f"{row}: {name}", highlight=False)
+    row = "decisions: compute saved by the interval rungs vs none, new (default), 2 SDs, calibrated world"
+    rows[row] = worlds[CALIBRATED]["pruning_saves"][0]
+    return rows
 
 
 def print_table(rows: dict, title: str) -> None:

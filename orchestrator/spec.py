@@ -85,7 +85,7 @@ def format_validation_error(source: str, err: ValidationError) -> str:
     for e in err.errors(include_url=False):
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling against the spec reference in README.md)"
+            msg = "unknown key (check the spelling against the spec reference, docs/spec.md)"
         elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict):
             msg = f"{msg} (got {e['input']!r})"
         lines.append(f"{source}: {_key_path(e['loc']) or '<top>'}: {msg}")
@@ -367,7 +367,7 @@ class SearchConfig(Section):
             raise ValueError("space is empty: name at least one trial field, e.g. rollout.decoding.ead.tau_max")
         for metric in filter(None, (self.metric, self.second_metric)):
             if not metric.startswith(OBJECTIVE_NAMESPACES):
-                raise ValueError(f"metric {metric!r} is not a trial metric; use one of the names in README.md "
+                raise ValueError(f"metric {metric!r} is not a trial metric; use one of the names in docs/metrics.md "
                                  f"(namespaces {', '.join(OBJECTIVE_NAMESPACES)})")
         if self.second_metric and self.scheduler.name != "none":
             raise ValueError("a second objective needs scheduler.name: none (a scheduler stops on one metric)")

@@ -74,7 +74,7 @@ def objectives(search: SearchConfig) -> tuple[str | list[str], str | list[str]]:
 
 
 def make_sampler(search: SearchConfig):
-    """The sampler the README names is the one that proposes: TPE after `n_startup_trials` (random until
+    """The sampler docs/guide.md names is the one that proposes: TPE after `n_startup_trials` (random until
     then, as Optuna's TPE is), multivariate over the searched fields, with a constant liar when
     configurations run at once; or random search."""
     import warnings

@@ -94,6 +94,7 @@ def reference(cluster, tmp_path_factory) -> dict:
     return reference_history(tmp_path_factory)
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_drained_node_checkpoints_first_then_the_trial_moves(cluster, reference, tmp_path):
     """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (the autoscaler's and KubeRay's notice) on the
@@ -113,6 +114,7 @@ def test_a_drained_node_checkpoints_first_then_the_trial_moves(cluster, referenc
     assert 2 <= resumed_from <= 4  # the notice's checkpoint: the only one before the last step
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_sigterm_to_a_learner_process_checkpoints_then_restarts(cluster, reference, tmp_path):
     driver = command("train", tmp_path, "checkpoint.every=0")
@@ -147,6 +149,7 @@ def closed_finished(storage: Path) -> int:
         return 0
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.parametrize("moments", ["+".join(NODE_KILLS)], ids=str)  # the test id names the kill points
 def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, reference, tmp_path, moments):

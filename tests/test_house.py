@@ -91,11 +91,57 @@ def test_formulas_import_no_framework(module):
     assert not imports(module) & set(FRAMEWORKS), imports(module) & set(FRAMEWORKS)
 
 
-def test_the_readme_map_names_every_module():
-    """`How it fits together` (the picture and the rooms) names each module of the trial and the
-    orchestrator by its file name, so a newcomer finds every file on the map."""
-    readme = (ROOT / "README.md").read_text()
-    house = readme[readme.index("## How it fits together"):readme.index("## Preemption and resume")]
+def test_the_map_names_every_module():
+    """docs/architecture.md (`How it fits together`: the pictures and the rooms) names each module of the
+    trial and the orchestrator by its file name, so a newcomer finds every file on the map."""
+    house = (ROOT / "docs" / "architecture.md").read_text()
     files = {p.name for package in ("trainables", "orchestrator") for p in (ROOT / package).rglob("*.py")
              if p.name not in ("__init__.py", "__main__.py")}
-    assert not sorted(f for f in files if not re.search(rf"(?<![\w.]){re.escape(f)}(?!\w)", house))
+    missing = sorted(f for f in files if not re.search(rf"(?<![\w.]){re.escape(f)}(?!\w)", house))
+    assert not missing, f"name these modules in docs/architecture.md's map of the rooms: {missing}"
+
+
+def test_the_readme_is_a_front_door():
+    """README.md says what the product is and how to start; the rest lives in docs/ and is linked from it."""
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) <= 15_000, f"README.md is {len(readme)} bytes (at most 15,000): move detail into docs/"
+    lines = readme.decode().count("\n")
+    assert lines <= 300, f"README.md is {lines} lines (at most 300): move detail into docs/"
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a `#` in a code block is no heading
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def screenshots() -> set[Path]:
+    """The images scripts/screenshots.sh writes into docs/images (its OUT): linked before they are rendered."""
+    names = re.findall(r"^\s*shot ([\w-]+) ", (ROOT / "scripts" / "screenshots.sh").read_text(), re.M)
+    return {ROOT / "docs" / "images" / f"{name}.png" for name in names}
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_every_relative_link_points_to_a_file(page):
+    """Links in README.md and docs/*.md reach an existing file (and heading, where they name one); images of
+    the screenshots script count as present."""
+    source = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    text = re.sub(r"```.*?```", "", source.read_text(), flags=re.S)
+    broken = []
+    for link in LINK.findall(text):
+        if re.match(r"[a-z]+:", link):  # http:, https:, mailto:
+            continue
+        path, _, anchor = link.partition("#")
+        target = (source.parent / path).resolve() if path else source
+        if not (target.exists() or target in screenshots()):
+            broken.append(link)
+        elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+            broken.append(link)
+    assert not broken, f"{page}: links to no file or heading: {broken}"

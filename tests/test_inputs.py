@@ -332,6 +332,25 @@ def test_a_refusal_comes_before_any_heavy_library_loads(module, args):
     assert out.stdout.strip().splitlines()[-1] == "2 []", out.stdout + out.stderr
 
 
+
+def test_validating_every_shipped_spec_loads_no_heavy_library():
+    """Every spec under search_spaces/ validates (its sweep or study sections too) without torch, Ray,
+    MLflow, SciPy, or math-verify and the SymPy it pulls: the edge checks names and numbers only."""
+    import subprocess
+    import sys
+
+    code = ("import sys, glob\n"
+            "from orchestrator.spec import load_trial_spec, load_sweep_spec\n"
+            "from orchestrator.study import load_study_spec\n"
+            "for path in sorted(glob.glob('search_spaces/**/*.yaml', recursive=True)):\n"
+            "    text = open(path).read()\n"
+            "    if 'study:' in text: load_study_spec(path, check_files=False)\n"
+            "    elif 'search:' in text: load_sweep_spec(path, check_files=False)\n"
+            "    else: load_trial_spec(path, check_files=False)\n"
+            f"print([m for m in {(*HEAVY, 'math_verify', 'sympy')!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr[-2000:]
+
 @pytest.mark.parametrize("main, args, named", [
     (sweep.main, [EAD, "--seeds", "100000"], "--seeds"), (sweep.main, [EAD, "--num-samples", "10000000"], "--num-samples"),
     (study.main, ["search_spaces/studies/ead_vs_fixed.yaml", "--seeds", "5000"], "--seeds"),

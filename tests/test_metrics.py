@@ -1,5 +1,6 @@
 """Metric names are documented once (trainables/metrics.py): what the code computes is there, and the
-README's table is generated from it. The sweep's real runs are held against it in tests/test_sweep.py."""
+table of docs/metrics.md is generated from it. The sweep's real runs are held against it in
+tests/test_sweep.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from trainables.metrics import PLACEHOLDERS, documented, markdown
 from trainables.rewards.verify import REASONS
 from trainables.step_metrics import offline_metrics, step_metrics
 
-README = Path(__file__).parent.parent / "README.md"
+PAGE = Path(__file__).parent.parent / "docs" / "metrics.md"
 
 
 def undocumented(names) -> list[str]:
@@ -54,10 +55,12 @@ def test_the_offline_stores_table_is_documented():
     assert undocumented(store.metrics()) == []
 
 
-def test_the_readme_table_is_generated_from_the_code():
-    text = README.read_text()
+def test_the_metrics_page_table_is_generated_from_the_code():
+    text = PAGE.read_text()
     table = re.search(r"<!-- metrics: python -m trainables.metrics -->\n(.*?)<!-- /metrics -->", text, re.S)
-    assert table is not None and table.group(1) == markdown()
+    assert table is not None, "docs/metrics.md lost its <!-- metrics: python -m trainables.metrics --> block"
+    assert table.group(1) == markdown(), ("docs/metrics.md's table is stale: replace the block with the output of "
+                                          "`python -m trainables.metrics`")
 
 
 def test_the_validation_curve_draws_a_standard_error_as_its_metrics_band(monkeypatch):

@@ -113,6 +113,7 @@ def test_rollout_service_then_learner_worker_killed_mid_trial(reference, tmp_pat
     assert len(recorded["faults/resumed_from_step"]) == 1 and max(recorded["faults/redone_steps"]) <= EVERY
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_hung_engine_is_restarted_and_the_trial_goes_on(reference, tmp_path):
     """SIGSTOP: the engine's process lives but never answers. Past checkpoint.actor_timeout_s the trial
@@ -147,6 +148,7 @@ def test_two_engines_fed_over_gloo_reproduce_the_one_engine_history(reference, t
     assert new <= served("generate") and new <= served("receive_weights")  # both generated, both received
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_overlap_trains_one_step_behind_and_resumes_exactly(reference, tmp_path):
     """rollout.overlap 1: every step after the first trains on a batch generated before the previous
@@ -183,6 +185,7 @@ def test_deadline_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tiny_m
     assert run.data.tags["state"] == "stopped"
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, ray_cluster, tmp_path, capfd):
     command = [sys.executable, "-m", "orchestrator.train", "search_spaces/ead.yaml", "--set", f"storage={tmp_path}",
@@ -216,6 +219,7 @@ def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, r
     assert run.data.tags["state"] == "finished" and run.data.tags["resumes"] == "1"
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp_path):
     spec = sweep_spec(tmp_path)
@@ -314,6 +318,7 @@ SETTINGS = {"asha": ["search.scheduler={name: asha, grace_period: 4}", *TRIAL],
                         "validation.every=2", "validation.num_prompts=8", "validation.samples=2"]}
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_points", list(CASES), ids="+".join)
 def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_cluster, tmp_path, kill_points):

@@ -17,7 +17,7 @@ from trainables.algo.algorithms import ALGORITHMS
 from trainables.data.arithmetic import LEVEL_SPACE, LEVELS, TEACHERS
 from trainables.data.benchmarks import BUILTIN, BenchmarkError, check_name
 from trainables.data.prompts import TEMPLATES
-from trainables.metrics import OBJECTIVE_NAMESPACES
+from trainables.metrics import OBJECTIVE_NAMESPACES, metric_key, summary_keys
 from trainables.names import (AGGREGATIONS, ENGINES, MODEL_PRESETS, SCHEDULES, TINY_PRESET, TIS_LEVELS,
                               WEIGHT_PUSHES)
 from trainables.rollout.types import SamplingSpec
@@ -380,7 +380,7 @@ class ValidationConfig(Section):
         "paper's out-of-domain setting (no system prompt).")
     benchmarks: dict[str, str | None] = Field(
         default_factory=lambda: {BUILTIN: None},
-        description="Benchmark name -> local file in its public layout (README: Evaluation); arithmetic, "
+        description="Benchmark name -> local file in its public layout (docs/evaluation.md); arithmetic, "
         "the built-in task's validation split, takes no file.")
     decoding: DecodingConfig = Field(
         default_factory=lambda: DecodingConfig(schedule="fixed", temperature=0.6),
@@ -414,8 +414,6 @@ class ValidationConfig(Section):
         """Every val/* metric a validation reports: val/accuracy (avg@k macro-averaged over the
         benchmarks) with its standard error val/accuracy_se (over problems and samples), val/response_length,
         and val/<benchmark>/<metric> (plus val/macro/* for several)."""
-        from trainables.evaluation import metric_key, summary_keys  # math-verify: only when asked
-
         keys = {name: [*map(metric_key, summary_keys(self.samples_of(name))), "response_length"]
                 for name in self.benchmarks}
         if len(keys) > 1:  # macro: the metrics every benchmark has

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
+from trainables.metrics import metric_key, summary_keys  # noqa: F401 - evaluate and validation's names
 from trainables.rewards.verify import answer_part, time_limit, verify_response
 
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -242,18 +243,6 @@ def macro_row(rows: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     sampled k times each share all of them), in the first row's order."""
     keys = [key for key in next(iter(rows.values())) if all(key in row for row in rows.values())]
     return {key: macro_average({name: row[key] for name, row in rows.items()}) for key in keys}
-
-
-def summary_keys(k: int) -> list[str]:
-    """The keys of `summarize`'s row for k samples per problem, in table order."""
-    powers = [2 ** i for i in range(k.bit_length())]  # 1, 2, 4, ... <= k
-    return [f"avg@{k}", *(f"pass@{j}" for j in powers), *(f"maj@{j}" for j in powers if j < k), f"maj@{k}",
-            f"worst@{k}"]
-
-
-def metric_key(key: str) -> str:
-    """A row key as a tracking metric name: MLflow allows no "@" (avg@8 -> avg_at_8)."""
-    return key.replace("@", "_at_")
 
 
 def summarize(correct_per_problem: Sequence[Sequence[bool]],

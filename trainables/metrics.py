@@ -1,5 +1,5 @@
 """Every metric a trial logs (MLflow, at its RL step; Ray Train's reports carry the same names): the
-one place they are documented. The README's metrics table is `python -m trainables.metrics`, and a
+one place they are documented. docs/metrics.md's table is `python -m trainables.metrics`, and a
 test holds what real trials log against `METRICS`.
 
 A name may hold placeholders in angle brackets (`val/<benchmark>/<metric>`), each standing for the
@@ -144,8 +144,20 @@ def unlogged(metric: str, trial) -> str | None:
                  if metric.startswith(prefix) and not logs(trial)), None)
 
 
+def summary_keys(k: int) -> list[str]:
+    """The keys of `summarize`'s row for k samples per problem, in table order."""
+    powers = [2 ** i for i in range(k.bit_length())]  # 1, 2, 4, ... <= k
+    return [f"avg@{k}", *(f"pass@{j}" for j in powers), *(f"maj@{j}" for j in powers if j < k), f"maj@{k}",
+            f"worst@{k}"]
+
+
+def metric_key(key: str) -> str:
+    """A row key as a tracking metric name: MLflow allows no "@" (avg@8 -> avg_at_8)."""
+    return key.replace("@", "_at_")
+
+
 def markdown() -> str:
-    """The README's table of metrics."""
+    """docs/metrics.md's table of metrics."""
     rows = [f"| `{name}` | {text} |" for name, text in METRICS.items()]
     return "\n".join(["| metric | what it is |", "|---|---|", *rows]) + "\n"
 

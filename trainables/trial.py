@@ -1,4 +1,4 @@
-"""The Ray Train worker loop: one RL step (README, "How it fits together") on every learner rank.
+"""The Ray Train worker loop: one RL step (docs/architecture.md) on every learner rank.
 
     prompts -> rollout service (EAD at the RL step) -> verifier -> old-logprob pass (T = 1, or the rollout's)
             -> [luffy / oger*: teacher members and OGER reward, trainables/algo/hybrid.py]
