@@ -60,10 +60,10 @@ bench: $(VENV)/.bench
 bench-quick: $(VENV)/.bench
 	$(PY) -m bench --quick
 
-# CI's share of the bench: the sections that start no sweep or trial of their own (those start-ups are what
-# the suite already pays for; `make bench-quick` runs every section).
+# CI's share of the bench (about 4 minutes): the engines' and the learner's sections, which start no sweep of
+# their own. `make bench-quick` runs every section; `python -m bench decisions` the simulations (4.5 minutes).
 bench-ci: $(VENV)/.bench
-	$(PY) -m bench --quick --only engines,learner,decisions
+	$(PY) -m bench --quick --only engines,learner
 
 # EAD's cost in the vLLM engine (and the HF rows again), in the vLLM environment.
 bench-vllm: $(VLLM_VENV)/.installed
