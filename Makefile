@@ -29,7 +29,7 @@ train: setup
 test: setup
 	$(PY) -m pytest tests
 
-# The fault matrices (tests marked `faults`, about 35 minutes on 2 cores): the whole machine lost at five
+# The fault matrices (tests marked `faults`, about 41 minutes on 2 cores): the whole machine lost at five
 # moments of a sweep, the spot node drained, taken and replaced, the sweep driver killed and stopped, a hung
 # engine, a torn checkpoint, an overlapped trial's rank killed. Run before changing the runtime or orchestration.
 test-faults: setup

@@ -12,7 +12,9 @@ the sweep's (or trial's) run:
     pass_at_k.png           pass@k against k from the trials' evaluations (orchestrator.evaluate)
     objective.png           the objective against each searched parameter (sweeps)
     importance.png          Optuna's parameter importances (sweeps with enough finished trials)
-    report.md               the tables: trials, parameters, objective, importances
+    confirmation.png        the confirmation's paired differences and each look's interval (sweeps that confirmed)
+    report.md               the answer first (orchestrator/answer.py), the confirmation, then the selection:
+                            its configurations, every run with its stage, importances
     report.html             report.md with its plots inside: what MLflow's artifact view shows
 """
 
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
+from orchestrator import answer
 from orchestrator.console import console, roles, short_params
 from orchestrator.inputs import check_tracking_uri
 from orchestrator.spec import SpecError
@@ -54,21 +57,23 @@ def pyplot():
     return plt
 
 
-def find_runs(client: MlflowClient, experiment: str, folder: Path) -> tuple[object, list, str | None]:
-    """(the run to attach the report to, the trial runs, the sweep name or None)."""
+def find_runs(client: MlflowClient, experiment: str, folder: Path) -> tuple[object, list, str | None, list]:
+    """(the run to attach the report to, the search's trial runs, the sweep name or None, the confirmation's
+    runs)."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise SpecError(f"no MLflow experiment {experiment!r} in {client.tracking_uri}")
     runs = client.search_runs([found.experiment_id], max_results=10_000)
     sweep = [r for r in runs if r.data.tags.get("kind") == "sweep" and r.data.tags.get("sweep") == folder.name]
     if (folder / "tune").is_dir() and sweep:
-        trials = [r for r in runs if r.data.tags.get("kind") == "trial" and r.data.tags.get("sweep") == folder.name
-                  and r.data.tags.get("stage") != "confirm"]  # the search's runs; the confirmation's verdict is the parent's
-        return sweep[0], sorted(trials, key=lambda r: r.info.start_time), folder.name
+        ours = (r for r in runs if r.data.tags.get("kind") == "trial" and r.data.tags.get("sweep") == folder.name)
+        runs = sorted(ours, key=lambda r: r.info.start_time)
+        confirming = [r for r in runs if r.data.tags.get("stage") == answer.STAGE]
+        return sweep[0], [r for r in runs if r not in confirming], folder.name, confirming
     trial = [r for r in runs if r.data.tags.get("run_path") == str(folder)]
     if not trial:
         raise SpecError(f"SWEEP_OR_TRIAL: no sweep or trial run for {folder} in {client.tracking_uri}")
-    return trial[0], trial[:1], None
+    return trial[0], trial[:1], None, []
 
 
 def history(client: MlflowClient, run, key: str) -> tuple[list[int], list[float]]:
@@ -362,17 +367,19 @@ def save(fig, path: Path) -> None:
 
 def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], images: list[str],
              importance: dict[str, float], notes: list[str], configurations: str | None = None,
-             importance_over: int = 0) -> str:
-    """report.md; `importance_over`: how many configurations that ran to the end the importances rest on."""
-    lines = [f"# {title}", ""]
+             importance_over: int = 0, opening: list[str] = ()) -> str:
+    """report.md: `opening` (the answer and the confirmation) first, then the selection; `importance_over`: how
+    many configurations that ran to the end the importances rest on."""
+    lines = [f"# {title}", "", *opening]
     if configurations:
-        lines += ["## Configurations: mean and 95% interval over seeds, and the verdict", "",
-                  configurations.strip(), "", "## Runs (one per configuration and seed)", ""]
-    columns = ["trial", "state", "steps", *metrics, *short_params(dict.fromkeys(searched, 0))]
+        lines += ["## Selection: each configuration's mean and 95% interval over seeds", "",
+                  configurations.strip(), "", "## Runs (one per configuration, seed and stage)", ""]
+    columns = ["trial", "stage", "state", "steps", *metrics, *short_params(dict.fromkeys(searched, 0))]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in trials:
         m = run.data.metrics
-        row = [run.info.run_name, run.data.tags.get("state", "?"), f"{m.get('progress/step', 0):.0f}",
+        row = [run.info.run_name, run.data.tags.get("stage", "-"), run.data.tags.get("state", "?"),
+               f"{m.get('progress/step', 0):.0f}",
                *[f"{m[key]:.4f}" if key in m else "-" for key in metrics],
                *short_params({k: run.data.params.get(k, "-") for k in searched}).values()]
         lines.append("| " + " | ".join(row) + " |")
@@ -381,7 +388,7 @@ def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], 
                   f"Over the {importance_over} configuration(s) that ran to the end: with few, a rough guide.", "",
                   "| parameter | importance |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in importance.items()]
-    lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images]
+    lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images if f"]({name})" not in "\n".join(opening)]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
@@ -415,7 +422,7 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     if not folder.is_dir():
         raise SpecError(f"SWEEP_OR_TRIAL: {folder} is not a folder (a sweep's <storage>/<name> or a trial's)")
     client = open_store(tracking_uri or default_tracking_uri(str(folder.parent)))
-    anchor, trials, sweep = find_runs(client, experiment, folder)
+    anchor, trials, sweep, confirming = find_runs(client, experiment, folder)
     study = study_of(folder, sweep) if sweep else None
     searched = sorted({k for t in study.trials for k in t.params}) if study else []
     params = anchor.data.params
@@ -451,7 +458,13 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
         notes.append("parameter importance needs at least two finished trials with different settings")
     configurations = sweep_table(client, anchor) if sweep else None
     finished = sum(t.state.name == "COMPLETE" for t in study.trials) if study else 0
-    text = markdown(title, trials, searched, shown, images, importance, notes, configurations, finished)
+    opening = answer.answer_lines(anchor, folder) if sweep else []
+    if sweep and (confirmed := answer.confirmation_section(client, anchor, confirming, metric,
+                                                             params.get("search.mode", "max"), report, pyplot())):
+        opening += confirmed
+        images.append("confirmation.png")
+    text = markdown(title, [*trials, *confirming], searched, shown, images, importance, notes, configurations,
+                    finished, opening)
     (report / "report.md").write_text(text)
     (report / "report.html").write_text(html_page(text, report))
     client.log_artifacts(anchor.info.run_id, str(report), "report")

@@ -1,5 +1,5 @@
 """The MLflow UI's view of one sweep, opened by the link the sweep prints: its trial runs grouped by
-configuration (mean line and band per group), the objective's chart first, the table's columns the
+configuration and stage (mean line and band per group), the objective's chart first, the table's columns the
 objective, the searched parameters and the run's configuration, seed, stage and state, every run drawn.
 
 MLflow (3.17) keeps a shared view as an experiment tag `mlflow.sharedViewState.<key>` holding the
@@ -62,7 +62,10 @@ def sweep_view(metric: str, charts: list[str], logged: list[str], params: list[s
                                *({"uuid": f"folded-{name}", "name": name, "display": False, "isReordered": False}
                                  for name in dict.fromkeys(folded))],
         "isAccordionReordered": True,  # the sections in this order, not by name
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "config"}]},
+        # By configuration and stage: no group's mean mixes the seeds that selected a configuration with the
+        # fresh seeds that confirm it.
+        "groupBy": {"aggregateFunction": "average",
+                    "groupByKeys": [{"mode": "tag", "groupByData": "config"}, {"mode": "tag", "groupByData": "stage"}]},
         "groupsExpanded": {}, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
         "viewMaximized": False, "runListHidden": False, "chartsSearchFilter": "",
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},

@@ -122,16 +122,9 @@ def anchors(page: Path) -> set[str]:
     return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
 
 
-def screenshots() -> set[Path]:
-    """The images scripts/screenshots.sh writes into docs/images (its OUT): linked before they are rendered."""
-    names = re.findall(r"^\s*shot ([\w-]+) ", (ROOT / "scripts" / "screenshots.sh").read_text(), re.M)
-    return {ROOT / "docs" / "images" / f"{name}.png" for name in names}
-
-
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
 def test_every_relative_link_points_to_a_file(page):
-    """Links in README.md and docs/*.md reach an existing file (and heading, where they name one); images of
-    the screenshots script count as present."""
+    """Links in README.md and docs/*.md reach an existing file (and heading, where they name one)."""
     source = ROOT / page if page == "README.md" else ROOT / "docs" / page
     text = re.sub(r"```.*?```", "", source.read_text(), flags=re.S)
     broken = []
@@ -140,7 +133,7 @@ def test_every_relative_link_points_to_a_file(page):
             continue
         path, _, anchor = link.partition("#")
         target = (source.parent / path).resolve() if path else source
-        if not (target.exists() or target in screenshots()):
+        if not target.exists():
             broken.append(link)
         elif anchor and target.suffix == ".md" and anchor not in anchors(target):
             broken.append(link)

@@ -99,7 +99,8 @@ def test_the_trials_view_is_a_view_saved_in_the_experiment(tmp_path):
     assert [c["metricKey"] for c in state["compareRunCharts"]] == ["val/accuracy", "val/accuracy_se", "policy/entropy"]
     assert [s["display"] for s in state["compareRunSections"]] == [True, False, False, False, False]
     assert [s["name"] for s in state["compareRunSections"][1:]] == ["policy", "timing", "val", "System metrics"]
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "config"}]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "config"},
+                                               {"mode": "tag", "groupByData": "stage"}]
     assert state["selectedColumns"][:2] == ["metrics.`val/accuracy`", "params.`lr`"]
     assert state["runsHiddenMode"] == "SHOW_ALL"
 
