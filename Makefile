@@ -29,9 +29,10 @@ train: setup
 test: setup
 	$(PY) -m pytest tests
 
-# The fault matrices (tests marked `faults`, about 41 minutes on 2 cores): the whole machine lost at five
+# The fault matrices (tests marked `faults`, about 45 minutes on 2 cores): the whole machine lost at five
 # moments of a sweep, the spot node drained, taken and replaced, the sweep driver killed and stopped, a hung
-# engine, a torn checkpoint, an overlapped trial's rank killed. Run before changing the runtime or orchestration.
+# engine, a torn checkpoint, an overlapped trial's rank killed, a checkpoint sealed elsewhere. Run them before changing
+# the runtime or the orchestration.
 test-faults: setup
 	$(PY) -m pytest tests -m faults
 

@@ -432,6 +432,7 @@ def test_a_non_finite_step_stops_the_trial_naming_it():
         assert "\n" not in line
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_resume_from_checkpoints_sealed_elsewhere_is_refused_in_one_line(ray_cluster, tiny_model_path, tmp_path, capsys):
     """Every checkpoint of a stopped trial re-sealed under another key (as a colleague's folder would be):
