@@ -251,7 +251,7 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     exp.tracker.finish_sweep(exp.parent, chosen, {"wall_s": time.perf_counter() - exp.started},
                              metrics={"best/ci_low": final.interval.low, "best/ci_high": final.interval.high, **metrics},
                              tags=tags, tables={"configurations.md": table},
-                             description=" ".join(more or lines[1:] or lines))  # the verdict, the final one first
+                             description="\n\n".join(more or lines[1:] or lines))  # the verdict, the final one first
     return chosen
 
 

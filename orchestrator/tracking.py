@@ -66,6 +66,11 @@ def open_store(tracking_uri: str) -> MlflowClient:
     """A client of the store; a sqlite store's artifact records first re-pointed at its folder (`rebase`)."""
     if tracking_uri.startswith("sqlite:///"):
         rebase(Path(tracking_uri.removeprefix("sqlite:///")))
+        # MLflow keeps each run's artifact location for the process, by run id: a copy of a store opened in the
+        # same process would write its artifacts into the original's folder.
+        from mlflow.tracking._tracking_service import utils
+
+        getattr(utils, "_artifact_repos_cache", {}).clear()
     return MlflowClient(tracking_uri)
 
 
