@@ -71,6 +71,7 @@ def cli(run, parser_: argparse.ArgumentParser, argv: list[str] | None) -> int:
         return 2
     finally:
         if (experiment := sys.modules.get("orchestrator.experiment")) is not None:
+            experiment.close_pools()
             experiment.STARTED.clear()
         if (lease := sys.modules.get("orchestrator.lease")) is not None:
             lease.release_all()

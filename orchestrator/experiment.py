@@ -5,6 +5,7 @@ stoppable by SIGTERM and resumable with `--resume`. What it concludes is `orches
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -21,6 +22,7 @@ from orchestrator.console import console, short_params
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
 from orchestrator.lease import Lease
 from orchestrator.launch import claim_folder, logical_cpus, run_folder, start_cluster
+from orchestrator.pool import close_pool, release_runs, start_pool
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.scheduler import pruned_record
 from orchestrator.seeds import HORIZON_KEY, ended, seed_name
@@ -43,6 +45,25 @@ def closed() -> None:
     CLOSER.submit(lambda: None).result()
 
 
+def close_pools() -> None:
+    """The rollout pools of the experiments this process started: stopped, with every set they kept."""
+    for exp in STARTED:
+        if exp.pool is not None:
+            close_pool(exp.pool)
+            exp.pool = None
+
+
+def closes_pools(run: Callable[..., int]) -> Callable[..., int]:
+    """A command's `run`: the rollout pools of the experiments it started stop when it returns or raises."""
+    @functools.wraps(run)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return run(*args, **kwargs)
+        finally:
+            close_pools()
+    return wrapped
+
+
 @dataclass
 class Experiment:
     """Where an experiment (sweep or study) lives and records: its folder, MLflow run and stop file."""
@@ -56,6 +77,7 @@ class Experiment:
     stop: StopRequest
     lease: Lease
     trust_unsealed: bool = False  # --trust-unsealed: its trials resume from checkpoints sealed elsewhere
+    pool: Any = None  # its rollout pool (orchestrator/pool.py): engines and verifiers kept from run to run
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -87,7 +109,7 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     tracker, stop = start_cluster(storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri,
                                   experiment=base_cfg.logging.experiment)
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, trust_unsealed)
+    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, trust_unsealed, pool=start_pool())
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
@@ -168,12 +190,9 @@ class TrialStates(Callback):
             self._say(trial, f"step {result['progress/step']}/{result.get(HORIZON_KEY, '?')}: {self._objective(result)}")
 
     def _close(self, trial, state: str, description: str | None = None) -> None:
-        from trainables.rollout.service import remove_engine_group
-
         RUNNING.discard(trial.trial_id)
-        # A pruned trial's actors are killed before their `finally` runs: its runs' engine groups go here.
-        for name in {trial.trial_id, *(seed_name(trial.trial_id, seed) for seed in self.seeds)}:
-            remove_engine_group(name)
+        # A pruned trial's actors are killed before their `finally` runs: its runs' engines are released here.
+        release_runs({trial.trial_id, *(seed_name(trial.trial_id, seed) for seed in self.seeds)})
         CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state, description)
         if getattr(self, "study", None) is not None:  # (a callback restored from an older sweep has none)
             CLOSER.submit(save_study, *self.study)

@@ -22,6 +22,7 @@ from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
 from trainables.tasks import load_offline_store, train_problems
 from trainables.rewards.verify import score_batch
+from trainables.verifier import start_verifier
 
 if TYPE_CHECKING:
     from orchestrator.tracking import Tracker
@@ -227,68 +228,74 @@ def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
                         num_threads=max(1, int(cfg.encoder.num_cpus)))
 
 
-def start_verifier():
-    """The trial's math-verify actor: stateless, so Ray restarts it and retries its calls if it dies."""
-    import ray
-
-    from trainables.verifier import VerifierService
-
-    return ray.remote(VerifierService).options(num_cpus=0, max_restarts=-1, max_task_retries=-1,
-                                               scheduling_strategy="DEFAULT").remote()
-
-
 def fit_trial(cfgs: list[TrialConfig], model_path: Path, *, name: str, tracking_uri: str | None, run_ids: list,
               store: OfflineStore | None = None, run_callbacks: list | None = None, stop_file: str | None = None,
               started_at: float | None = None, trust_unsealed: bool = False):
-    """Start the run's rollout engines (and encoder), run one Ray Train loop for the seeds `cfgs` (a
-    configuration's, or one trial), return the `Result`.
+    """Start the run's rollout engines and verifier (or take a kept set from the sweep's pool), and its
+    encoder, run one Ray Train loop for the seeds `cfgs` (a configuration's, or one trial), return the `Result`.
 
     name: the Ray Train run's (a trial's own name when it trains alone); run_ids: each seed's MLflow run in
     `tracking_uri` (None: untracked). `started_at` (time.time()) is where the start-up began, for its
     `timing/startup`. `trust_unsealed`: resume from checkpoints this product did not seal.
     """
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trainables.learner import process_group_backend
+    from orchestrator.pool import find_pool
     from trainables.rollout.service import remove_engine_group, start_rollout_engines
-    from trainables.group import train_loop_per_worker
     from trainables.trial import TrialInputs
 
     cfg, started_at = cfgs[0], started_at or time.time()
-    engines = start_rollout_engines(cfg.rollout, model_path, name)
-    verifier = start_verifier()
+    pool = find_pool()  # a sweep's or study's: engines and verifier kept from run to run
+    if pool is not None:
+        engines, verifier = ray.get(pool.acquire.remote(name, cfg.rollout, str(model_path)))
+    else:
+        engines, verifier = start_rollout_engines(cfg.rollout, model_path, name), start_verifier()
     embedder = start_embedder(cfg, store)
     try:
         fit_at = time.time()
         inputs = [TrialInputs(seed, str(model_path), engines, verifier, tracking_uri, run_id, store, embedder,
-                              stop_file, started_at, fit_at, run_name=name, trust_unsealed=trust_unsealed)
+                              stop_file, started_at, fit_at, run_name=name, trust_unsealed=trust_unsealed,
+                              pool=pool)
                   for seed, run_id in zip(cfgs, run_ids, strict=True)]
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"inputs": inputs},
-            torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
-            scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
-                                         resources_per_worker=worker_resources(cfg)),
-            run_config=RunConfig(
-                name=name,
-                storage_path=storage_uri(cfg.storage),
-                checkpoint_config=CheckpointConfig(
-                    num_to_keep=cfg.checkpoint.keep, checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
-                    checkpoint_score_order=cfg.checkpoint.keep_best_mode),
-                # A lost learner rank restarts the worker group from the last checkpoint.
-                failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
-                logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics
-                callbacks=run_callbacks or [],
-            ),
-        )
-        return trainer.fit()
+        return trainer(cfg, inputs, name, run_callbacks or []).fit()
     finally:
-        for actor in (*engines, verifier, embedder):
-            if actor is not None:
+        if embedder is not None:
+            ray.kill(embedder)
+        if pool is not None:
+            ray.get(pool.release.remote(name))
+        else:
+            for actor in (*engines, verifier):
                 ray.kill(actor)
-        remove_engine_group(name)
+            remove_engine_group(name)
+
+
+def trainer(cfg: TrialConfig, inputs: list, name: str, run_callbacks: list):
+    """The Ray Train run of one configuration's seeds (`inputs`): its worker group, storage, checkpoints kept,
+    and the restarts a lost learner rank costs."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from trainables.group import train_loop_per_worker
+    from trainables.learner import process_group_backend
+
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"inputs": inputs},
+        torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
+        scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
+                                     resources_per_worker=worker_resources(cfg)),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_uri(cfg.storage),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=cfg.checkpoint.keep, checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
+                checkpoint_score_order=cfg.checkpoint.keep_best_mode),
+            # A lost learner rank restarts the worker group from the last checkpoint.
+            failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
+            logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics
+            callbacks=run_callbacks,
+        ),
+    )
 
 
 def storage_uri(storage: str) -> str:

@@ -112,6 +112,7 @@ def load_study_spec(path: str | Path, overrides: list[str] | None = None,
     return trial, study, data
 
 
+@experiment.closes_pools
 def run(spec: str, args) -> int:
     base_cfg, study, base = load_study_spec(spec, args.overrides, check_files=not args.dry_run)
     study.seeds = args.seeds or study.seeds

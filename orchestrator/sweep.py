@@ -155,6 +155,7 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
         study.tell(study.trials[-1].number, state=optuna.trial.TrialState.PRUNED)
 
 
+@experiment.closes_pools
 def run(spec: str, args) -> int:
     overrides = list(args.overrides)
     base_cfg, search, base = load_sweep_spec(spec, overrides, check_files=not args.dry_run)

@@ -70,3 +70,30 @@ def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_mo
     assert result.metrics["val/accuracy"] == pytest.approx(sum(f["val/accuracy"] for f in finals) / 2)
     # The checkpoint holds each seed's part in a folder of its own.
     assert sorted(p.name for p in (together / "both").glob("checkpoint_*/seed_*")) == ["seed_0", "seed_0", "seed_1", "seed_1"]  # keep: 2
+
+
+@pytest.mark.slow
+def test_a_run_on_a_kept_rollout_set_reaches_what_it_reaches_on_its_own(ray_cluster, tiny_model_path, tmp_path):
+    """A sweep's pool keeps the engines and verifier from run to run (orchestrator/pool.py): a run given the
+    set another run trained on (its engine left holding that run's last weights) logs, bit for bit, what
+    it logs with engines of its own; the set started once and was kept, not started again."""
+    import ray
+
+    from orchestrator.pool import close_pool, start_pool
+
+    alone, kept = tmp_path / "alone", tmp_path / "kept"
+    train.run(seed_cfg(alone, 1))
+    pool = start_pool()
+    try:
+        first, _, _ = train_together(kept, [seed_cfg(kept, 0)], "first")
+        result, tracker, run_ids = train_together(kept, [seed_cfg(kept, 1)], "second")
+        assert first.error is None and result.error is None
+        assert ray.get(pool.sets_started.remote()) == 1
+        assert not ray.get(pool.holds.remote("second"))  # released when its run ended
+    finally:
+        close_pool(pool)
+    single = Tracker(default_tracking_uri(str(alone)), "rlvr-explore")
+    expected = {r.data.params["seed"]: r.info.run_id for r in single.client.search_runs([single.experiment_id])}
+    want, got = histories(single, expected["1"]), histories(tracker, run_ids[0])
+    assert got.keys() == want.keys()
+    assert [key for key in want if got[key] != want[key]] == []

@@ -90,6 +90,7 @@ class TrialInputs:
     fit_at: float | None = None  # the driver's time.time() when it handed the trial to Ray Train
     run_name: str | None = None  # the Ray Train run the seed trains in (a configuration's: `TrialGroup`)
     trust_unsealed: bool = False  # resume from a checkpoint this product did not seal (--trust-unsealed)
+    pool: Any = None  # the sweep's rollout pool that lent the engines (orchestrator/pool.py); None: the run's own
 
 
 class Trial:
@@ -120,7 +121,7 @@ class Trial:
         self.startup_marks["learner"] = time.time()
         self.client = RolloutClient(engines, cfg.rollout, self.learner, trial=cfg.name, rank=self.rank,
                                     timeout_s=cfg.checkpoint.actor_timeout_s, slot=slot, shared=shared,
-                                    run=inputs.run_name)
+                                    run=inputs.run_name, pool=inputs.pool)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
                                    world=self.world)
         self.record = TrialLog(cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank,

@@ -36,3 +36,11 @@ class VerifierService:
 
     def health(self) -> dict:
         return {"pid": os.getpid(), "timeouts": time_limit() is not None}
+
+
+def start_verifier():
+    """A math-verify actor: stateless, so Ray restarts it and retries its calls if it dies."""
+    import ray
+
+    return ray.remote(VerifierService).options(num_cpus=0, max_restarts=-1, max_task_retries=-1,
+                                               scheduling_strategy="DEFAULT").remote()

@@ -8,6 +8,7 @@ all-reduce, all re-sync together, and only the ranks without rollouts ask again.
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass
 
 import ray
@@ -26,10 +27,16 @@ SERVICE_RETRY_PAUSE_S = 2.0  # a restarting actor refuses calls at once (ActorUn
 
 
 class TrialStopped(RuntimeError):
-    """The trial was stopped from outside (its rollout engines removed): not a fault to retry."""
+    """The trial was stopped from outside (its rollout engines removed or taken back): not a fault to retry."""
 
 
-VERSION_STRIDE = 2**32  # a seed's weight versions: slot * VERSION_STRIDE + its optimizer step
+VERSION_STRIDE = 2**32  # a seed's weight versions: run tag + slot * VERSION_STRIDE + its optimizer step
+RUN_TAG_SHIFT = 48  # engines kept across runs (a sweep's pool): no two runs' versions are the same number
+
+
+def run_tag(run: str) -> int:
+    """The high bits of every weight version of Ray Train run `run`."""
+    return (zlib.crc32(run.encode()) & 0x7FFF) << RUN_TAG_SHIFT
 
 
 @dataclass
@@ -38,7 +45,7 @@ class Shared:
     version the engines hold (each seed's versions its own: `VERSION_STRIDE`)."""
 
     push: object
-    held: int = 0  # the engines start with the base policy: slot 0's version at step 0
+    held: int = -1  # unknown until the first push (`Trial.begin`): a pool's engines hold another run's
 
 
 class RolloutClient:
@@ -49,10 +56,12 @@ class RolloutClient:
     before it generates whenever the engines hold another seed's (or an older) version."""
 
     def __init__(self, engines: list, cfg, learner, *, trial: str, rank: int, timeout_s: float,
-                 slot: int = 0, shared: Shared | None = None, run: str | None = None):
+                 slot: int = 0, shared: Shared | None = None, run: str | None = None, pool=None):
         self.engines, self.cfg, self.learner = engines, cfg, learner
         self.trial, self.rank, self.timeout_s = trial, rank, timeout_s
         self.run = run or trial  # the Ray Train run whose engines these are (their placement group's name)
+        self.pool = pool  # the sweep's pool that lent them (orchestrator/pool.py), or None
+        self.tag = run_tag(self.run)
         self.service = engines[rank % len(engines)]
         self.shared = shared or Shared(weight_push(engines, cfg))  # rank 0 pushes; every rank prepares
         self.push = self.shared.push
@@ -62,7 +71,7 @@ class RolloutClient:
 
     def version(self, optimizer_step: int) -> int:
         """This seed's weight version at `optimizer_step` (its optimizer step when it is the only seed)."""
-        return self.slot * VERSION_STRIDE + optimizer_step
+        return self.tag + self.slot * VERSION_STRIDE + optimizer_step
 
     def steps_behind(self, rollouts: RolloutBatch) -> int:
         """Optimizer steps between the weights that generated `rollouts` and the learner's now."""
@@ -102,8 +111,10 @@ class RolloutClient:
         barrier()  # no rank generates before the new weights are in
 
     def stop_if_removed(self) -> None:
-        """A trial whose sweep stopped it (its engines' group removed) ends here, saying nothing of a fault."""
-        if engines_removed(self.cfg, self.run):
+        """A trial whose sweep stopped it (its engines' group removed, or the set its sweep's pool lent it
+        released) ends here, saying nothing of a fault."""
+        taken = not ray.get(self.pool.holds.remote(self.run)) if self.pool else engines_removed(self.cfg, self.run)
+        if taken:
             raise TrialStopped(f"trial {self.trial}: its rollout engines were removed (the sweep stopped it)")
 
     def release_gpus(self) -> None:

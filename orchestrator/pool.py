@@ -1,0 +1,156 @@
+"""A sweep's rollout sets, kept across its configurations: a set (the rollout engines of one Ray Train run
+and its verifier) starts once and serves one run after another, so a later configuration or look pays no
+engine or verifier start.
+
+    sweep driver ── RolloutPool (an actor on the head node, num_cpus 0; it owns every set's actors)
+       run A: acquire("A") -> set 0 (started) ... release("A") -> set 0 idle
+       run B: acquire("B") -> set 0 (kept: B pushes its base policy's weights before generating)
+
+A run's ranks push their weights before their first generation (`Trial.begin`), and every weight version
+carries its run's tag (trainables/rollout/client.py), so a set never serves one run's weights to another. A
+set's engines restart in place when their process dies, as a run's own do. A pruned configuration's set
+is released by the driver (its run dies without its `finally`); `holds(run)` is then false, which tells
+any rank of it still alive that its sweep stopped it. Sets of another model or engine shape are stopped
+before a new one starts, so idle sets never hold what a run needs. `train` runs without a pool.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POOL_NAME = "rollout-pool"
+# The rollout fields an engine is built from; sampling (EAD's schedule, group size) is per request.
+ENGINE_FIELDS = ("backend", "num_engines", "num_cpus", "num_gpus", "resources", "tensor_parallel_size",
+                 "gpu_memory_utilization", "colocate", "weight_transfer")
+
+
+def set_key(cfg, model_path: str | Path) -> str:
+    """What makes two runs' engines interchangeable: the same policy folder and engine fields."""
+    fields = {name: getattr(cfg, name) for name in ENGINE_FIELDS}
+    return json.dumps({"model": str(model_path), **fields}, sort_keys=True, default=str)
+
+
+@dataclass
+class RolloutSet:
+    key: str
+    group: str  # the name its engines' placement group is under (`engine_group_name`)
+    engines: list
+    verifier: Any
+
+
+class RolloutPool:
+    """The sets, idle or held by a run (by its Ray Train run name). A threaded actor: a run waiting for its
+    engines' placement does not hold up another's release."""
+
+    def __init__(self):
+        self.idle: list[RolloutSet] = []
+        self.held: dict[str, RolloutSet] = {}
+        self.started = 0  # sets started: the bench and the tests read how often a set was kept instead
+        self.lock = threading.Lock()
+
+    def acquire(self, run: str, cfg, model_path: str) -> tuple[list, Any]:
+        """`run`'s engines and verifier: an idle set of the same key, or a new one."""
+        key = set_key(cfg, model_path)
+        with self.lock:
+            if run in self.held:  # the same run asking again (its driver thread retried)
+                return self.held[run].engines, self.held[run].verifier
+            kept = next((s for s in self.idle if s.key == key), None)
+            others = [s for s in self.idle if s.key != key]
+            self.idle = [s for s in self.idle if s.key == key and s is not kept]
+        for other in others:  # another model or engine shape: its resources go to this run
+            stop_set(other)
+        if kept is None:
+            kept = self.start(key, cfg, model_path)
+        with self.lock:
+            self.held[run] = kept
+        return kept.engines, kept.verifier
+
+    def start(self, key: str, cfg, model_path: str) -> RolloutSet:
+        from trainables.rollout.service import start_rollout_engines
+        from trainables.verifier import start_verifier
+
+        with self.lock:
+            group = f"pool-{self.started}"
+            self.started += 1
+        return RolloutSet(key, group, start_rollout_engines(cfg, model_path, group), start_verifier())
+
+    def release(self, run: str) -> None:
+        """`run` is over (finished, failed or pruned): its set serves the next run."""
+        with self.lock:
+            kept = self.held.pop(run, None)
+            if kept is not None:
+                self.idle.append(kept)
+
+    def holds(self, run: str) -> bool:
+        with self.lock:
+            return run in self.held
+
+    def sets_started(self) -> int:
+        return self.started
+
+    def close(self) -> None:
+        """Stop every set, idle or held: the experiment is over."""
+        with self.lock:
+            sets, self.idle, self.held = [*self.idle, *self.held.values()], [], {}
+        for kept in sets:
+            stop_set(kept)
+
+
+def stop_set(kept: RolloutSet) -> None:
+    import ray
+
+    from trainables.rollout.service import remove_engine_group
+
+    for actor in (*kept.engines, kept.verifier):
+        ray.kill(actor)
+    remove_engine_group(kept.group)
+
+
+def start_pool():
+    """The driver's pool, on this (the head) node: it lives as long as the driver's job."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(RolloutPool).options(name=POOL_NAME, get_if_exists=True, num_cpus=0, max_concurrency=16,
+                                           scheduling_strategy=here).remote()
+
+
+def close_pool(pool) -> None:
+    """Stop the pool's sets and the pool: its placement groups would outlive it in a longer-lived job."""
+    import ray
+
+    try:
+        ray.get(pool.close.remote(), timeout=60)
+        ray.kill(pool)
+    except Exception as e:  # noqa: BLE001 - Ray gone already: its job took them
+        print(f"rollout pool not closed ({type(e).__name__}: {e})")
+
+
+def release_runs(runs) -> None:
+    """The driver's side of a pruned configuration: its runs' sets back to the pool (without one, their
+    engines' placement groups removed, which stops their engines)."""
+    from trainables.rollout.service import remove_engine_group
+
+    pool = find_pool()
+    for run in runs:
+        if pool is not None:
+            pool.release.remote(run)
+        else:
+            remove_engine_group(run)
+
+
+def find_pool():
+    """The driver's pool when it runs one (a sweep or a study), else None (`train`: a run's own engines)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get_actor(POOL_NAME)
+    except ValueError:
+        return None
