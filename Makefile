@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 VLLM_VENV ?= .venv-vllm
 VPY       := $(VLLM_VENV)/bin/python
 
-.PHONY: setup sweep train test test-faults test-vllm bench bench-quick bench-ci bench-vllm clean
+.PHONY: setup sweep train lint test test-faults test-vllm bench bench-quick bench-ci bench-vllm clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ train: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+# ruff's lint and formatter, configured in pyproject.toml; `ruff format .` and `ruff check --fix .` fix most.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The fault matrices (tests marked `faults`, about 45 minutes on 2 cores): the whole machine lost at five
 # moments of a sweep, the spot node drained, taken and replaced, the sweep driver killed and stopped, a hung

@@ -396,14 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field of the trials and engines, as in orchestrator.train")
     args = parser.parse_args(argv)
-    sections = args.only.split(",")
-    if args.spec in SECTIONS:  # `python -m bench decisions`: one section, on the default spec
-        sections, args.spec = [args.spec], parser.get_default("spec")
-    if unknown := set(sections) - set(SECTIONS):
-        parser.error(f"--only: unknown section(s) {sorted(unknown)}; expected some of {SECTIONS}")
-    steps = args.steps or (5 if args.quick else 12)
-    if steps < 5:
-        parser.error("--steps must be >= 5: two warm-up steps, a steady state, a final step")
+    sections, steps = checked_args(parser, args)
 
     from orchestrator.spec import SpecError, load_trial_spec
 
@@ -431,13 +424,29 @@ def main(argv: list[str] | None = None) -> int:
         print_phases(details["trials"]["algorithms"])
     print_table(rows, title)
     record = {"title": title, "seed": cfg.seed, "quick": args.quick, "steps": steps,
-              "seconds": time.perf_counter() - start,
-              "rows": {row: {"value": value, "target": TARGETS[row], "verdict": verdict(row, value),
-                             **({"mc_se": MC_SE[row]} if row in MC_SE else {})}
-                       for row, value in rows.items()}, "details": details}
+              "seconds": time.perf_counter() - start, "rows": judged(rows), "details": details}
     (storage / "bench.json").write_text(json.dumps(record, indent=2, default=str))
     console.print(f"written: {storage / 'bench.json'} ({record['seconds']:.0f} s)")
     return 0
+
+
+def judged(rows: dict[str, float | str]) -> dict[str, dict]:
+    """Each row's value with its target and verdict (and a simulated rate's Monte Carlo error), for bench.json."""
+    return {row: {"value": value, "target": TARGETS[row], "verdict": verdict(row, value),
+                  **({"mc_se": MC_SE[row]} if row in MC_SE else {})} for row, value in rows.items()}
+
+
+def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], int]:
+    """The sections to run and the trials' steps; a bad choice ends the bench with the parser's message."""
+    sections = args.only.split(",")
+    if args.spec in SECTIONS:  # `python -m bench decisions`: one section, on the default spec
+        sections, args.spec = [args.spec], parser.get_default("spec")
+    if unknown := set(sections) - set(SECTIONS):
+        parser.error(f"--only: unknown section(s) {sorted(unknown)}; expected some of {SECTIONS}")
+    steps = args.steps or (5 if args.quick else 12)
+    if steps < 5:
+        parser.error("--steps must be >= 5: two warm-up steps, a steady state, a final step")
+    return sections, steps
 
 
 if __name__ == "__main__":  # the guard also keeps vLLM's spawned workers from rerunning the bench

@@ -364,6 +364,25 @@ def decision_figures(quick: bool, sd: float = 0.04, seed: int = 0) -> dict:
     return out
 
 
+def confirmed_tune_sweep(summaries: list, search, world: World, mean) -> tuple[str, int]:
+    """The confirmation after one simulated Tune sweep: ("better" when it confirms a truly better winner,
+    "false" for a false verdict, "" otherwise; the confirmation's trial steps)."""
+    from orchestrator.sweep import ranked, verdict_against_baseline
+
+    finished = ranked([s for s in summaries if s.state == "finished"] or summaries, search)
+    _, _, tags = verdict_against_baseline(summaries, finished, search)
+    if not tags:
+        return "", 0
+    challenger = next(s for s in summaries if s.config_id == tags["verdict_config"])
+    cfg = search.confirm
+    result = decisions.confirm(
+        lambda seeds: (world.finals(mean(challenger.params["x"]), seeds), world.finals(FINAL, seeds)),
+        search.seeds, decisions.looks(cfg.seeds, cfg.add, cfg.max_seeds), cfg.alpha, cfg.margin)
+    better, verdict = mean(challenger.params["x"]) > FINAL, result.look.verdict
+    said = "better" if verdict == "better" and better else "false" if verdict in ("better", "worse") else ""
+    return said, 2 * len(result.seeds) * STEPS
+
+
 def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
     """The new procedure end to end through Ray Tune and Optuna (the sweep's searcher and scheduler,
     its summaries from Tune's ResultGrid) with a cheap simulated trainable: a configuration with x > 0.5
@@ -375,7 +394,7 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
     from ray import tune
 
     from orchestrator.summary import summarize
-    from orchestrator.sweep import make_scheduler, make_searcher, ranked, verdict_against_baseline
+    from orchestrator.sweep import make_scheduler, make_searcher
 
     search = search_config({**PROCEDURES[NEW],
                             "points_to_evaluate": [{"x": 0.0}]})
@@ -405,20 +424,11 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
                               run_config=tune.RunConfig(name=f"s{rep}", storage_path=tmp, verbose=0)).fit()
             summaries = summarize(grid, METRIC, ["x"], uri=records)
             steps += sum(s.steps * search.seeds for s in summaries)
-            finished = ranked([s for s in summaries if s.state == "finished"] or summaries, search)
-            _, _, tags = verdict_against_baseline(summaries, finished, search)
-            if not tags:
-                continue
-            challenger = next(s for s in summaries if s.config_id == tags["verdict_config"])
             world = World(np.random.default_rng([seed, rep, 10_000]), sd)
-            cfg = search.confirm
-            result = decisions.confirm(
-                lambda seeds: (world.finals(mean(challenger.params["x"]), seeds), world.finals(FINAL, seeds)),
-                search.seeds, decisions.looks(cfg.seeds, cfg.add, cfg.max_seeds), cfg.alpha, cfg.margin)
-            steps += 2 * len(result.seeds) * STEPS
-            better = mean(challenger.params["x"]) > FINAL
-            confirmed += result.look.verdict == "better" and better
-            false += (result.look.verdict == "better" and not better) or result.look.verdict == "worse"
+            said, more_steps = confirmed_tune_sweep(summaries, search, world, mean)
+            steps += more_steps
+            confirmed += said == "better"
+            false += said == "false"
     ray.shutdown()
     return {"sweeps": sweeps, "better_confirmed": confirmed / sweeps, "false_verdict": false / sweeps,
             "trial_steps": steps / sweeps}

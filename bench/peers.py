@@ -59,7 +59,7 @@ def trl_inputs(cfg) -> dict:
     from trainables.data.models import resolve_model_path
     from trainables.data.prompts import prompt_text
     from trainables.tasks import encode_prompt, train_problems
-    from trainables.trial import step_prompts
+    from trainables.rollout.feed import step_prompts
 
     model_path = str(resolve_model_path(cfg.model, cfg.cache_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -71,6 +71,20 @@ def trl_inputs(cfg) -> dict:
             "prompts": [prompt_text(tokenizer, problems[i], p.template, p.prefill, p.user_format) for i in order],
             "answers": [problems[i].answer for i in order],
             "ids": [encode_prompt(tokenizer, problems[i], p) for i in order[: cfg.learner.prompts_per_step]]}
+
+
+def trl_settings(a: dict, output_dir: str) -> dict:
+    """GRPOConfig's arguments for the same work as ours: DAPO's loss and clip, group-scaled rewards, no KL,
+    untempered sampling, a constant learning rate, on CPU in fp32."""
+    per_step = a["prompts_per_step"] * a["group_size"]
+    return dict(
+        output_dir=output_dir, max_steps=a["steps"], learning_rate=a["lr"],
+        per_device_train_batch_size=a["micro_batch_size"], gradient_accumulation_steps=per_step // a["micro_batch_size"],
+        num_generations=a["group_size"], max_completion_length=a["max_new_tokens"], temperature=1.0, top_k=0,
+        top_p=1.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", beta=0.0,
+        num_iterations=1, shuffle_dataset=False, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        seed=a["seed"], gradient_checkpointing=a["gradient_checkpointing"], use_cpu=True, bf16=False, fp16=False,
+        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
 
 
 def trl_main(args_path: str) -> None:
@@ -103,15 +117,7 @@ def trl_main(args_path: str) -> None:
         def on_train_end(self, args, state, control, **kwargs):
             marks.append(time.perf_counter())
 
-    per_step = a["prompts_per_step"] * a["group_size"]
-    config = GRPOConfig(
-        output_dir=str(Path(args_path).parent / "trl"), max_steps=a["steps"], learning_rate=a["lr"],
-        per_device_train_batch_size=a["micro_batch_size"], gradient_accumulation_steps=per_step // a["micro_batch_size"],
-        num_generations=a["group_size"], max_completion_length=a["max_new_tokens"], temperature=1.0, top_k=0,
-        top_p=1.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", beta=0.0,
-        num_iterations=1, shuffle_dataset=False, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        seed=a["seed"], gradient_checkpointing=a["gradient_checkpointing"], use_cpu=True, bf16=False, fp16=False,
-        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
+    config = GRPOConfig(**trl_settings(a, str(Path(args_path).parent / "trl")))
     model = AutoModelForCausalLM.from_pretrained(a["model_path"], dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": a["prompts"], "answer": a["answers"]}),

@@ -118,25 +118,60 @@ def push(learner, transfer: str, bucket_bytes: int, device) -> None:
         alive.append(pack(metas, tensors, device if where == "device" else "cpu"))
 
 
+def one_rank_group(cpu: bool) -> None:
+    """A process group of this process alone, on the backend a trial's learner ranks use."""
+    import torch.distributed as dist
+
+    from trainables.learner import process_group_backend
+    from trainables.rollout.weight_sync import free_port
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port("127.0.0.1")))
+    dist.init_process_group(process_group_backend(use_gpu=not cpu))
+
+
+def synthetic_group(vocab: int, group: int, prompt: int, longest: int):
+    """One prompt's group of `group` random responses filling the longest sequence, as a train batch, and
+    rewards [1, N] that give every row a non-zero advantage."""
+    import torch
+
+    from trainables.learner import build_train_batch
+    from trainables.rollout.types import RolloutBatch
+
+    ids = torch.randint(vocab, (group, longest), generator=torch.Generator().manual_seed(0)).tolist()
+    rollouts = RolloutBatch([ids[0][:prompt]], [row[prompt:] for row in ids], [[-1.0] * (longest - prompt)] * group,
+                            [""] * group, ["length"] * group, n=group)
+    return build_train_batch(rollouts, pad_id=0), torch.linspace(0, 1, group).view(1, -1)
+
+
+def preflight_phases(cfg, shape, cpu: bool) -> dict[str, float]:
+    """The pre-flight's bytes for each phase the run measures, less the CUDA context (not the allocator's)."""
+    from orchestrator.preflight import learner_estimate
+    from trainables.memory import GIB
+
+    mem = learner_estimate(cfg, shape, 4 if cpu else 2)()
+    context = 0 if cpu else 1.5 * GIB
+    return {"forward": mem.states + mem.activations + mem.reserve - context,
+            "backward": mem.states + mem.activations + mem.reserve - context,
+            "optimizer step": mem.states + mem.step + mem.reserve - context,
+            "weight push": mem.states + mem.push + mem.reserve - context}
+
+
 def run(spec: str, cpu: bool) -> dict:
     import torch
     import torch.distributed as dist
 
-    from orchestrator.preflight import learner_estimate, micro_batch_tokens, model_shape, PROMPT_TOKENS
+    from orchestrator.preflight import micro_batch_tokens, model_shape, PROMPT_TOKENS
     from orchestrator.spec import load_trial_spec
-    from trainables.learner import Learner, build_train_batch, process_group_backend
+    from trainables.learner import Learner
     from trainables.memory import GIB
-    from trainables.rollout.types import RolloutBatch
-    from trainables.rollout.weight_sync import free_port
 
     cfg = load_trial_spec(spec, check_files=False)
     shape, source = model_shape(cfg)
     if shape is None:
         raise SystemExit(f"gpu_memory: no shape for {spec} ({source})")
     longest = PROMPT_TOKENS[cfg.task.name] + cfg.rollout.max_new_tokens
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port("127.0.0.1")))
-    dist.init_process_group(process_group_backend(use_gpu=not cpu))
+    one_rank_group(cpu)
     import deepspeed  # noqa: F401 - loaded before the CPU's baseline, as the learner's own libraries
 
     peaks = Peaks(gpu=not cpu)
@@ -147,14 +182,8 @@ def run(spec: str, cpu: bool) -> dict:
                                      "learner.prompts_per_step=1", f"learner.use_gpu={str(not cpu).lower()}",
                                      "model.config_overrides={}"], check_files=False)
         learner = Learner(model, cfg, world_size=1, device="cpu" if cpu else "cuda")
-    prompt = PROMPT_TOKENS[cfg.task.name]
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(shape.vocab, (group, longest), generator=gen).tolist()
-    rollouts = RolloutBatch([ids[0][:prompt]], [row[prompt:] for row in ids], [[-1.0] * (longest - prompt)] * group,
-                            [""] * group, ["length"] * group, n=group)
-    batch = build_train_batch(rollouts, pad_id=0)
+    batch, rewards = synthetic_group(shape.vocab, group, PROMPT_TOKENS[cfg.task.name], longest)
     logp_old = torch.full(batch.response_mask.shape, -1.0)
-    rewards = torch.linspace(0, 1, group).view(1, -1)  # [1, N]: every row's advantage non-zero
     watched(learner, peaks)
     start = time.perf_counter()
     for _ in range(2):  # the second update is the steady state: the optimizer's states exist
@@ -165,12 +194,7 @@ def run(spec: str, cpu: bool) -> dict:
     push(learner, cfg.rollout.weight_transfer, cfg.rollout.weight_bucket_mb * 2**20, learner.device)
     peaks.stop("weight push")
     seconds = time.perf_counter() - start
-    mem = learner_estimate(cfg, shape, 4 if cpu else 2)()
-    context = 0 if cpu else 1.5 * GIB  # the CUDA context: not the allocator's
-    estimates = {"forward": mem.states + mem.activations + mem.reserve - context,
-                 "backward": mem.states + mem.activations + mem.reserve - context,
-                 "optimizer step": mem.states + mem.step + mem.reserve - context,
-                 "weight push": mem.states + mem.push + mem.reserve - context}
+    estimates = preflight_phases(cfg, shape, cpu)
     name = "CPU" if cpu else torch.cuda.get_device_name(0)
     dist.destroy_process_group()
     return {"device": name, "spec": spec, "tokens": micro_batch_tokens(cfg), "seconds": seconds,

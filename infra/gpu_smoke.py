@@ -64,6 +64,23 @@ def train_steps(engine, learner, prompts: list[list[int]], n: int, ead, timed, k
     return tokens, before, state
 
 
+def stopwatch(seconds: dict[str, float], synchronize: bool):
+    """timed(label, fn): fn's result, its seconds added to seconds[label] (the GPU's work finished first)."""
+    import torch
+
+    def timed(label: str, fn):
+        if synchronize:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn()
+        if synchronize:
+            torch.cuda.synchronize()
+        seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - start
+        return out
+
+    return timed
+
+
 def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     """The learner-side GPU path without Ray or vLLM; prints its table, returns the exit code."""
     import os
@@ -92,15 +109,7 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     learner = Learner(model, cfg, world_size=1, device=device)
     seconds: dict[str, float] = {}
 
-    def timed(label: str, fn):
-        if not cpu:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = fn()
-        if not cpu:
-            torch.cuda.synchronize()
-        seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - start
-        return out
+    timed = stopwatch(seconds, synchronize=not cpu)
 
     def ead(step: int, seed: int):  # the spec's decoding: EAD
         return cfg.rollout.decoding.sampling(cfg.rollout.max_new_tokens, step=step, seed=seed)
@@ -109,13 +118,8 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     tokens, before, state = train_steps(engine, learner, prompts, n, ead, timed, keep_device=not cpu)
     rows = {"generate, tokens/s": tokens / seconds["generate (EAD)"],
             **{f"{label}, s/step": total / STEPS for label, total in seconds.items()}}
-    after = engine.generate(prompts, n, ead(0, 0)).response_ids
-    engine_state = engine.model.state_dict()
-    checks = {"the learner's updates moved its weights": any(not torch.equal(initial[k], v.cpu())
-                                                             for k, v in state.items()),
-              "the engine holds the learner's weights": all(torch.equal(engine_state[k], v.to(engine_state[k].dtype))
-                                                           for k, v in state.items()),
-              "the engine samples other tokens after the updates": after != before}
+    checks = weight_checks(initial, state, engine.model.state_dict(), before,
+                           after=engine.generate(prompts, n, ead(0, 0)).response_ids)
     if not cpu:
         checks["another process opened every tensor of the IPC handles, bit-equal"] = ipc_round_trip(state, rows)
         rows["peak GPU memory, GiB"] = torch.cuda.max_memory_allocated() / 2**30
@@ -123,6 +127,17 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
     dist.destroy_process_group()
     return print_table(f"gpu smoke --learner-only on {name}: {STEPS} steps of {len(prompts)} prompts x {n} "
                        f"rollouts, ZeRO-{cfg.learner.zero_stage}, {'fp32' if cpu else 'bf16'}", rows, checks)
+
+
+def weight_checks(initial: dict, state: dict, engine_state: dict, before: list, after: list) -> dict[str, bool]:
+    """That the updates moved the learner's weights, the engine holds them, and it samples otherwise now."""
+    import torch
+
+    return {"the learner's updates moved its weights": any(not torch.equal(initial[k], v.cpu())
+                                                           for k, v in state.items()),
+            "the engine holds the learner's weights": all(torch.equal(engine_state[k], v.to(engine_state[k].dtype))
+                                                         for k, v in state.items()),
+            "the engine samples other tokens after the updates": after != before}
 
 
 def print_table(title: str, rows: dict[str, float], checks: dict[str, bool]) -> int:
@@ -189,11 +204,18 @@ def main(argv: list[str] | None = None) -> int:
     model = random_tiny_qwen2(work / "tiny-qwen2-random")
     if args.learner_only:
         return learner_only(model, args.cpu, args.zero_stage)
+    return trial_smoke(model, work, args.cpu, args.separate)
+
+
+def trial_smoke(model: Path, work: Path, cpu: bool, separate: bool) -> int:
+    """One short trial with vLLM on the GPU (colocated, or `separate`), its step figures and start-up."""
+    import torch
+
     from orchestrator import train
     from orchestrator.spec import load_trial_spec
 
-    placement = (["learner.use_gpu=false"] if args.cpu else
-                 ["learner.use_gpu=true", "rollout.num_gpus=1", "rollout.weight_transfer=nccl"] if args.separate else
+    placement = (["learner.use_gpu=false"] if cpu else
+                 ["learner.use_gpu=true", "rollout.num_gpus=1", "rollout.weight_transfer=nccl"] if separate else
                  ["learner.use_gpu=true", "rollout.colocate=true", "rollout.num_gpus=0.4",
                   "rollout.gpu_memory_utilization=0.4"])  # the learner keeps its share while vLLM is awake
     cfg = load_trial_spec(REPO / "search_spaces" / "ead.yaml", [
@@ -203,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     final = train.run(cfg)
     wall = time.perf_counter() - start
-    device = "CPU" if args.cpu else torch.cuda.get_device_name(0)
+    device = "CPU" if cpu else torch.cuda.get_device_name(0)
     print(f"\ngpu smoke on {device}: {STEPS} steps of {cfg.learner.prompts_per_step} prompts x "
-          f"{cfg.rollout.group_size} rollouts, engine {'separate' if args.separate else 'cpu' if args.cpu else 'colocated'}")
+          f"{cfg.rollout.group_size} rollouts, engine {'separate' if separate else 'cpu' if cpu else 'colocated'}")
     for label, key in ROWS:
         print(f"  {label:<32} {final[key]:10.3f}")
     # Start-up: Ray, the worker group, DeepSpeed, vLLM's load; the steps' share estimated from the last.

@@ -224,17 +224,10 @@ def results_table(results: dict[str, dict[str, dict[str, float]]]) -> Table:
     return table
 
 
-def run(args) -> dict:
-    start = time.perf_counter()
-    modes = decodings(args)
-    target = Path(args.model_or_trial).expanduser().resolve()
-    base = load_trial_spec(args.spec) if args.spec else TrialConfig()
-    model_path, trial_spec = resolve_policy(target, base.cache_dir, args.seed_index, args.trust_unsealed)
-    cfg = base if args.spec or not trial_spec else TrialConfig.model_validate(trial_spec)
-    benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
-    max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
-    prompt = cfg.prompt.model_copy(update={"template": args.template}) if args.template else cfg.prompt
-
+def evaluate_all(cfg: TrialConfig, model_path: Path, modes: list[Decoding], benchmarks: dict, args,
+                 max_new_tokens: int, prompt: PromptConfig) -> tuple[dict, dict]:
+    """Every benchmark under every decoding on one rollout engine: ({decoding: {benchmark: row}} with a
+    macro row over several benchmarks, {decoding: {benchmark: per-problem results}})."""
     import ray
     from transformers import AutoTokenizer
 
@@ -260,6 +253,21 @@ def run(args) -> dict:
                     results[mode.label]["macro"] = macro_row(results[mode.label])
     finally:
         ray.kill(service)
+    return results, per_problem
+
+
+def run(args) -> dict:
+    start = time.perf_counter()
+    modes = decodings(args)
+    target = Path(args.model_or_trial).expanduser().resolve()
+    base = load_trial_spec(args.spec) if args.spec else TrialConfig()
+    model_path, trial_spec = resolve_policy(target, base.cache_dir, args.seed_index, args.trust_unsealed)
+    cfg = base if args.spec or not trial_spec else TrialConfig.model_validate(trial_spec)
+    benchmarks = parse_benchmarks(args.benchmarks, args.limit, cfg)
+    max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
+    prompt = cfg.prompt.model_copy(update={"template": args.template}) if args.template else cfg.prompt
+
+    results, per_problem = evaluate_all(cfg, model_path, modes, benchmarks, args, max_new_tokens, prompt)
     console.print(results_table(results))
     record = {"model": str(model_path), "target": str(target), "samples": args.samples, "seed": args.seed,
               "answer_format": args.answer_format, "template": prompt.template, "prefill": prompt.prefill,
@@ -291,7 +299,7 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
         console.print(f"MLflow run {run_id} in {uri}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__.strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_or_trial", help="a Hugging Face model folder, a trial folder <storage>/<name>, "
@@ -319,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sqlite store beside the trial "
                         "folder; a tracking URI named in the trial's own files is never used)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     try:
         if args.tracking_uri is not None:
             check_tracking_uri(args.tracking_uri, "--tracking-uri")

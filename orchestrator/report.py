@@ -417,23 +417,14 @@ def sweep_table(client: MlflowClient, anchor) -> str | None:
             return None
 
 
-def run(target: str, out: str | None, tracking_uri: str | None, experiment: str) -> Path:
-    folder = Path(target).expanduser().resolve()
-    if not folder.is_dir():
-        raise SpecError(f"SWEEP_OR_TRIAL: {folder} is not a folder (a sweep's <storage>/<name> or a trial's)")
-    client = open_store(tracking_uri or default_tracking_uri(str(folder.parent)))
-    anchor, trials, sweep, confirming = find_runs(client, experiment, folder)
-    study = study_of(folder, sweep) if sweep else None
+def draw_plots(client, anchor, trials: list, study, sweep: str | None, metric: str, shown: tuple[str, ...],
+               report: Path, title: str) -> tuple[list[str], list[str], dict[str, float]]:
+    """The report's plots in `report`: (their file names, notes on plots it could not draw, the parameters'
+    importance)."""
     searched = sorted({k for t in study.trials for k in t.params}) if study else []
-    params = anchor.data.params
-    metric = (params.get("search.metric") or params.get("study.metric")) if sweep else "val/accuracy"
-    report = Path(out).resolve() if out else folder / "report"
-    report.mkdir(parents=True, exist_ok=True)
     images, notes = [], []
-    title = f"sweep {sweep}" if sweep else f"trial {anchor.info.run_name}"
     if plot_metrics(client, trials, CURVES, searched, report / "curves.png", title):
         images.append("curves.png")
-    shown = tuple(dict.fromkeys(filter(None, (metric, "val/accuracy"))))  # the objective first
     validation = tuple(m for m in shown if m.startswith("val/"))
     marks = legend_marks(anchor.data.tags) if sweep else {}
     if plot_configurations(client, trials, validation, searched, marks, report / "validation.png", title):
@@ -456,6 +447,24 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
         images.append("importance.png")
     elif sweep:
         notes.append("parameter importance needs at least two finished trials with different settings")
+    return images, notes, importance
+
+
+def run(target: str, out: str | None, tracking_uri: str | None, experiment: str) -> Path:
+    folder = Path(target).expanduser().resolve()
+    if not folder.is_dir():
+        raise SpecError(f"SWEEP_OR_TRIAL: {folder} is not a folder (a sweep's <storage>/<name> or a trial's)")
+    client = open_store(tracking_uri or default_tracking_uri(str(folder.parent)))
+    anchor, trials, sweep, confirming = find_runs(client, experiment, folder)
+    study = study_of(folder, sweep) if sweep else None
+    searched = sorted({k for t in study.trials for k in t.params}) if study else []
+    params = anchor.data.params
+    metric = (params.get("search.metric") or params.get("study.metric")) if sweep else "val/accuracy"
+    report = Path(out).resolve() if out else folder / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    title = f"sweep {sweep}" if sweep else f"trial {anchor.info.run_name}"
+    shown = tuple(dict.fromkeys(filter(None, (metric, "val/accuracy"))))  # the objective first
+    images, notes, importance = draw_plots(client, anchor, trials, study, sweep, metric, shown, report, title)
     configurations = sweep_table(client, anchor) if sweep else None
     finished = sum(t.state.name == "COMPLETE" for t in study.trials) if study else 0
     opening = answer.answer_lines(anchor, folder) if sweep else []

@@ -7,6 +7,7 @@ says so in one line.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import subprocess
@@ -187,6 +188,35 @@ def tags_filter(**tags: str) -> str:
     return " and ".join(f"tags.{key} = {quoted(str(value))}" for key, value in tags.items())
 
 
+def training_experiment(client, name: str, uri: str) -> str:
+    """The id of experiment `name` in the store at `uri`: created if new, its tags brought up to date if
+    made by an older version (no kind; artifacts beside the store without saying so)."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        beside = artifact_location(uri)
+        return client.create_experiment(name, artifact_location=beside,
+                                        tags={EXPERIMENT_KIND: TRAINING, **(dict([BESIDE]) if beside else {})})
+    if EXPERIMENT_KIND not in found.tags:  # made before experiments had a kind
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, TRAINING)
+    if found.artifact_location == artifact_location(uri) and BESIDE[0] not in found.tags:
+        client.set_experiment_tag(found.experiment_id, *BESIDE)  # made before folders moved
+    return found.experiment_id
+
+
+def retried(what: str, *, needs_run: bool = False):
+    """A Tracker method that tries again while the store is unreachable (`Tracker._retried`) and returns None
+    once it stays so or refuses: training goes on without its record. `needs_run`: a call for no run (its
+    first argument None: the store was unreachable when it was made) does nothing."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            if needs_run and args[0] is None:
+                return None
+            return self._retried(what, method, self, *args, **kwargs)
+        return call
+    return wrap
+
+
 class Tracker:
     """Creates and closes runs; the trial's rank 0 logs the per-step metrics into them.
 
@@ -206,28 +236,15 @@ class Tracker:
         """The experiment, created as model training (the MLflow UI then opens on runs and charts, not GenAI
         traces) with its artifacts beside a sqlite store, so that a storage folder holds its whole record."""
         if self._experiment_id is None:
-            found = self.client.get_experiment_by_name(self.experiment)
-            if found is None:
-                beside = artifact_location(self.uri)
-                self._experiment_id = self.client.create_experiment(
-                    self.experiment, artifact_location=beside,
-                    tags={EXPERIMENT_KIND: TRAINING, **(dict([BESIDE]) if beside else {})})
-            else:
-                self._experiment_id = found.experiment_id
-                if EXPERIMENT_KIND not in found.tags:  # made before experiments had a kind
-                    self.client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND, TRAINING)
-                if found.artifact_location == artifact_location(self.uri) and BESIDE[0] not in found.tags:
-                    self.client.set_experiment_tag(self._experiment_id, *BESIDE)  # made before folders moved
+            self._experiment_id = training_experiment(self.client, self.experiment, self.uri)
         return self._experiment_id
 
+    @retried("saving the sweep's view in MLflow")
     def trials_view(self, sweep: str, metric: str, params: list[str], server: str = "http://127.0.0.1:5000") -> str | None:
         """The link a sweep prints: the MLflow UI on a view of the sweep's trial runs (`orchestrator.view`),
         saved in the experiment; None before a call has found the experiment, or where it cannot be saved."""
         if not self._experiment_id:
             return None
-        return self._retried("saving the sweep's view in MLflow", self._save_view, sweep, metric, params, server)
-
-    def _save_view(self, sweep: str, metric: str, params: list[str], server: str) -> str:
         trials = tags_filter(sweep=sweep, kind="trial")
         runs = self.client.search_runs([self._experiment_id], trials, max_results=1)
         logged = sorted(runs[0].data.metrics) if runs else []
@@ -237,6 +254,7 @@ class Tracker:
         return view.view_link(server, self._experiment_id, tag)
 
     def _retried(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs), tried again while the store is unreachable; None once it stays so, or refuses."""
         for attempt, wait in enumerate((*self.retry_waits_s, None)):
             try:
                 return fn(*args, **kwargs)
@@ -251,44 +269,36 @@ class Tracker:
                     return None
                 time.sleep(wait)
 
+    @retried("creating the trial run")
     def start_trial_run(self, cfg: TrialConfig, *, parent_run_id: str | None = None,
                         tags: dict[str, str] | None = None, resume: bool = False, run_name: str | None = None) -> str | None:
         """The trial's run (named `run_name`, default the trial's name): with `resume`, the run already
         recording this Train run (reopened), if any."""
-        return self._retried("creating the trial run", self._start_trial_run, cfg, parent_run_id, tags or {},
-                             resume, run_name or cfg.name)
-
-    def _start_trial_run(self, cfg: TrialConfig, parent_run_id: str | None, tags: dict[str, str],
-                         resume: bool, run_name: str) -> str:
         run_path = f"{cfg.storage.rstrip('/')}/{cfg.name}"  # where Ray Train keeps the run: its identity
-        if resume and (found := self._find_trial_run(run_path)):
-            return self._reopen(found)
+        if resume and (found := self._trial_run(run_path)):
+            return self._reopen(found.info.run_id)
         all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running",
-                    "run_path": run_path, **tags}
+                    "run_path": run_path, **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name or cfg.name, tags=all_tags)
         run_id = run.info.run_id
         self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
         self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
                              "spec.yaml")
         return run_id
 
+    @retried("reading the run's final value")
     def finished_value(self, run_path: str, metric: str, steps: int) -> float | None:
         """`metric` of the run recording the Train run at `run_path`, if it is closed `finished` at step
         `steps`; else (none, short, open, or the store unreachable) None."""
-        def read() -> float | None:
-            run = self._trial_run(run_path)
-            m = run.data.metrics if run is not None and run.data.tags.get("state") == "finished" else {}
-            return m.get(metric) if m.get("progress/step") == steps else None
+        run = self._trial_run(run_path)
+        m = run.data.metrics if run is not None and run.data.tags.get("state") == "finished" else {}
+        return m.get(metric) if m.get("progress/step") == steps else None
 
-        return self._retried("reading the run's final value", read)
-
+    @retried("finding the trial run")
     def find_trial_run(self, run_path: str) -> str | None:
         """The id of the run recording the Train run at `run_path` (<storage>/<name>), if any."""
-        return self._retried("finding the trial run", self._find_trial_run, run_path)
-
-    def _find_trial_run(self, run_path: str) -> str | None:
         run = self._trial_run(run_path)
         return run.info.run_id if run is not None else None
 
@@ -298,13 +308,10 @@ class Tracker:
                                         order_by=["attributes.start_time DESC"], max_results=1)
         return found[0] if found else None
 
+    @retried("logging the evaluation")
     def log_evaluation(self, name: str, *, params: dict[str, Any], metrics: dict[str, float], artifact: Path,
                        parent_run_id: str | None = None) -> str | None:
         """A finished evaluation run (nested under a trial's run when given): its table and results file."""
-        return self._retried("logging the evaluation", self._log_evaluation, name, params, metrics, artifact,
-                             parent_run_id)
-
-    def _log_evaluation(self, name, params, metrics, artifact, parent_run_id) -> str:
         tags = {"kind": "evaluation", "git_commit": git_commit()}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
@@ -315,11 +322,9 @@ class Tracker:
         self._finish(run_id, "finished")
         return run_id
 
+    @retried("registering the model")
     def register_model(self, run_id: str, folder: Path, name: str) -> str | None:
         """Log a model folder with the run (artifact path `model`) and register it; the new version."""
-        return self._retried("registering the model", self._register_model, run_id, folder, name)
-
-    def _register_model(self, run_id: str, folder: Path, name: str) -> str:
         from mlflow.exceptions import MlflowException
 
         self.client.log_artifacts(run_id, str(folder), "model")
@@ -331,14 +336,11 @@ class Tracker:
         source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
         return self.client.create_model_version(name, source, run_id=run_id).version
 
+    @retried("creating the sweep run")
     def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any],
                         resume: bool = False, kind: str = "sweep") -> str | None:
         """The parent run of a sweep (or a study: `kind`): its spec, search space and commit; trials nest
         under it."""
-        return self._retried("creating the sweep run", self._start_sweep_run, name, spec_text, search, resume,
-                             kind)
-
-    def _start_sweep_run(self, name: str, spec_text: str, search: dict[str, Any], resume: bool, kind: str) -> str:
         if resume:
             found = self.client.search_runs([self.experiment_id], tags_filter(kind="sweep", sweep=name),
                                             order_by=["attributes.start_time DESC"], max_results=1)
@@ -355,33 +357,29 @@ class Tracker:
         self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
         return run.info.run_id
 
+    @retried("closing the sweep run", needs_run=True)
     def finish_sweep(self, run_id: str | None, best: dict[str, Any], budget: dict[str, float], *,
                      metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                      tables: dict[str, str] | None = None, description: str = "") -> None:
         """Close the parent run with the best configuration, the verdict's metrics and tags, tables, and the
         verdict in words as the run page's description."""
-        if run_id is not None:
-            self._retried("closing the sweep run", self._finish_sweep, run_id, best, budget, metrics or {},
-                          tags or {}, tables or {}, description)
-
-    def _finish_sweep(self, run_id: str, best: dict[str, Any], budget: dict[str, float], metrics: dict[str, float],
-                      tags: dict[str, str], tables: dict[str, str], description: str) -> None:
         objective = {} if best.get("metric") is None else {"best/objective": best["metric"]}
-        finite = {k: v for k, v in metrics.items() if v == v}  # a NaN bound (one seed) is left out
+        finite = {k: v for k, v in (metrics or {}).items() if v == v}  # a NaN bound (one seed) is left out
         self.log_metrics(run_id, {**objective, **finite, **{f"sweep/{k}": v for k, v in budget.items()}})
-        for key, value in {**({"best_trial": str(best["trial_id"])} if "trial_id" in best else {}), **tags}.items():
+        for key, value in {**({"best_trial": str(best["trial_id"])} if "trial_id" in best else {}),
+                           **(tags or {})}.items():
             self.client.set_tag(run_id, key, value)
         self.log_params(run_id, {f"best.{k}": v for k, v in best.get("params", {}).items()})
         if best:
             self.client.log_text(run_id, yaml.safe_dump(best, sort_keys=False), "best_trial.yaml")
-        for name, text in tables.items():
+        for name, text in (tables or {}).items():
             self.client.log_text(run_id, text, name)
         self._finish(run_id, "finished", description)
 
+    @retried("finding the configuration's runs")
     def config_run_ids(self, sweep: str, config: str) -> list[str] | None:
         """The runs of one configuration of a sweep or study (one per seed)."""
-        return self._retried("finding the configuration's runs", lambda: [
-            r.info.run_id for r in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config))])
+        return [r.info.run_id for r in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config))]
 
     def config_seeds(self, sweep: str, config: str, metric: str) -> list[tuple[int, int, float | None]]:
         """Each seed run of one configuration, in seed order: (RL steps it logged, its learner.steps, its
@@ -395,11 +393,9 @@ class Tracker:
     def _config_filter(sweep: str, config: str) -> str:
         return tags_filter(sweep=sweep, config=config) + " and tags.stage != 'confirm'"  # the search's runs
 
+    @retried("logging the configuration's interval")
     def log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
         """The same metrics on every seed run of one configuration of a sweep or study."""
-        self._retried("logging the configuration's interval", self._log_config_metrics, sweep, config, metrics)
-
-    def _log_config_metrics(self, sweep: str, config: str, metrics: dict[str, float]) -> None:
         for run in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config)):
             self.log_metrics(run.info.run_id, metrics)
 
@@ -413,33 +409,25 @@ class Tracker:
         for i in range(0, len(batch), 1000):  # MLflow's batch limit
             self.client.log_batch(run_id, metrics=batch[i : i + 1000])
 
+    @retried("logging the offline store", needs_run=True)
     def log_offline_store(self, run_id: str | None, store) -> None:
         """What the OGER paper's Table 1 reports, per teacher: as metrics and as a table artifact."""
-        if run_id is not None:
-            self._retried("logging the offline store", self._log_offline_store, run_id, store)
-
-    def _log_offline_store(self, run_id: str, store) -> None:
         self.log_metrics(run_id, store.metrics())
         self.client.log_text(run_id, store.format_table(), "offline_store.txt")
 
+    @retried("closing the run", needs_run=True)
     def finish(self, run_id: str | None, state: str) -> None:
-        if run_id is not None:
-            self._retried("closing the run", self._finish, run_id, state)
+        self._finish(run_id, state)
 
+    @retried("closing the run", needs_run=True)
     def close_if_running(self, run_id: str | None, state: str) -> None:
         """Close a run still marked running (a command that ended by an error or Ctrl-C) as `state`."""
-        if run_id is not None:
-            self._retried("closing the run", self._close_if_running, run_id, state)
-
-    def _close_if_running(self, run_id: str, state: str) -> None:
         if self.client.get_run(run_id).info.status == "RUNNING":
             self._finish(run_id, state)
 
+    @retried("closing the trial run")
     def finish_sweep_trial(self, sweep: str, trial_id: str, state: str, description: str | None = None) -> None:
         """Close a sweep trial's runs, found by their tags (the Tune callback knows no run id)."""
-        self._retried("closing the trial run", self._finish_sweep_trial, sweep, trial_id, state, description)
-
-    def _finish_sweep_trial(self, sweep: str, trial_id: str, state: str, description: str | None) -> None:
         for run in self.client.search_runs([self.experiment_id],
                                            tags_filter(sweep=sweep, trial_id=trial_id)):
             self._finish(run.info.run_id, state, description)

@@ -92,17 +92,22 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False, trust_unsea
         raise
     finally:
         tracker.finish(run_id, state)
+    conclude(cfg, result, metrics, state, time.perf_counter() - start, tracker, run_id)
+    return metrics
+
+
+def conclude(cfg: TrialConfig, result, metrics: dict[str, float], state: str, seconds: float, tracker: Tracker,
+             run_id: str | None) -> None:
+    """What a finished or stopped trial prints, and a finished one's final policy exported."""
     done = int(metrics.get("progress/step", 0))
-    console.print(summary_table(metrics, f"trial {cfg.name}: {done}/{cfg.learner.steps} steps in "
-                                         f"{time.perf_counter() - start:.0f} s"))
+    console.print(summary_table(metrics, f"trial {cfg.name}: {done}/{cfg.learner.steps} steps in {seconds:.0f} s"))
     console.print(f"checkpoint: {result.checkpoint.path if result.checkpoint else '-'}")
     if state == "stopped":
         console.print(f"[yellow]stopped[/yellow] after step {done} with a checkpoint: rerun the same command "
                       f"with --resume to continue", soft_wrap=True)
     elif result.checkpoint is not None:
         export_final(cfg, result.checkpoint, tracker, run_id)
-    console.print(f"MLflow: {tracking.ui_hint(uri)}", soft_wrap=True)
-    return metrics
+    console.print(f"MLflow: {tracking.ui_hint(tracker.uri)}", soft_wrap=True)
 
 
 def export_final(cfg: TrialConfig, checkpoint, tracker: Tracker, run_id: str | None) -> Path:
@@ -134,7 +139,7 @@ def best_of(sweep_dir: str, overrides: list[str], check_files: bool = True) -> T
     return load_trial_spec(spec, [f"logging.register_as={name}-best", *overrides], check_files)
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__.strip())
     parser.add_argument("spec", nargs="?", help="experiment spec (YAML), e.g. search_spaces/ead.yaml")
     parser.add_argument("--best-of", metavar="SWEEP_DIR", help="train with a sweep's best parameters")
@@ -150,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
                         "a colleague's); only for checkpoints you trust")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate the spec (not its data files) and print what it amounts to; run nothing")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     try:
         if bool(args.spec) == bool(args.best_of):
             raise SpecError("give a spec or --best-of SWEEP_DIR (one of them)")

@@ -116,7 +116,7 @@ def test_the_peers_row_gives_both_sides_the_same_work():
     from bench.peers import our_overrides, trl_inputs
     from orchestrator.spec import load_trial_spec
     from trainables.tasks import train_problems
-    from trainables.trial import step_prompts
+    from trainables.rollout.feed import step_prompts
 
     cfg = load_trial_spec("search_spaces/ead.yaml", our_overrides(3, "runs/bench", "peers"))
     assert (cfg.algorithm.name, cfg.rollout.decoding.schedule, cfg.rollout.decoding.temperature) == ("grpo", "fixed", 1.0)

@@ -138,3 +138,24 @@ def test_every_relative_link_points_to_a_file(page):
         elif anchor and target.suffix == ".md" and anchor not in anchors(target):
             broken.append(link)
     assert not broken, f"{page}: links to no file or heading: {broken}"
+
+
+SOURCES = {**MODULES, **{module_name(p): p for p in (ROOT / "infra").rglob("*.py")}}
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 60, 300
+
+
+def definitions(kind: type, limit: int) -> list[str]:
+    """Every function (or class) of the product's code longer than `limit` lines, decorators and
+    docstring included, as `module:line name (lines)`."""
+    long = []
+    for module, path in sorted(SOURCES.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, kind) and (size := node.end_lineno - node.lineno + 1) > limit:
+                long.append(f"{module}:{node.lineno} {node.name} ({size})")
+    return long
+
+
+def test_no_function_over_60_lines_and_no_class_over_300():
+    assert len(definitions(ast.ClassDef, 100)) > 3  # the walk reads the code: some classes pass 100 lines
+    assert definitions((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES) == []
+    assert definitions(ast.ClassDef, MAX_CLASS_LINES) == []

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics, runs_of
 from trainables.runtime.seed_reports import group_report, seed_reports
 from trainables.config import TrialConfig
-from trainables.trial import step_prompts
+from trainables.rollout.feed import step_prompts
 
 T_975_1 = 12.706204736174707  # t quantile, 1 degree of freedom
 Z_975 = 1.959963984540054

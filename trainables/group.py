@@ -81,7 +81,7 @@ class TrialGroup:
         ro = self.cfg.rollout
         if len(self.trials) == 1 or ro.overlap or ro.colocate or step >= self.cfg.learner.steps:
             return None
-        return lambda: self.trials[slot].submit_ahead(step)
+        return lambda: self.trials[slot].feed.submit(step)
 
     def end_step(self, step: int, metrics: list[dict[str, float]], validated: bool, last: bool) -> bool:
         """Report the step to Ray Train, with a checkpoint when it is due, asked for (a stop: True) or

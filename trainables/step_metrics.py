@@ -5,6 +5,8 @@ must stay finite. The caller reduces the sums over ranks between the two halves 
 from __future__ import annotations
 
 import math
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -14,6 +16,14 @@ from trainables.names import REASONS
 from trainables.rollout.types import RolloutBatch
 
 WATCHED = ("policy/grad_norm", "policy/entropy", "policy/kl", "rollout/reward_mean")  # finite at every step
+
+
+@contextmanager
+def timed(timings: dict[str, float], key: str):
+    """Adds the block's wall seconds to timings[key] (a step's `timing/*`)."""
+    start = time.perf_counter()
+    yield
+    timings[key] = timings.get(key, 0.0) + time.perf_counter() - start
 
 
 def check_finite(metrics: dict[str, float], last_finite: dict[str, float], where: str) -> dict[str, float]:

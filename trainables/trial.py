@@ -27,29 +27,23 @@ from trainables.runtime import calls, resume
 from trainables.config import VAL_STEP, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import BUILTIN
-from trainables.tasks import encode_prompt, load_benchmarks, train_problems, within_context
+from trainables.tasks import load_benchmarks, train_problems, within_context
 from trainables.data.offline import OfflineStore
 from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
 from trainables.runtime.checkpoint import rng_state, set_rng_state
 from trainables.runtime.errors import TrialError
 from trainables.runtime.ranks import reduce_max, reduce_sums
-from trainables.rollout.client import Pending, RolloutClient, Shared
+from trainables.rollout.client import RolloutClient, Shared
+from trainables.rollout.feed import SeedRollouts
 from trainables.rollout.ead import ead_decay, tau_table
 from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, tis_max
+from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, timed, tis_max
 from trainables.runtime.trial_log import TrialLog, startup_breakdown
 from trainables.validation import Validation
 from trainables.validation_cache import cached_base
 
 IMPORTED_AT = time.time()  # this process's import of the trial's code ended: the start-up's `worker_imports`
-
-
-@contextmanager
-def timed(timings: dict[str, float], key: str):
-    start = time.perf_counter()
-    yield
-    timings[key] = timings.get(key, 0.0) + time.perf_counter() - start
 
 
 def seed_everything(seed: int) -> None:
@@ -58,19 +52,48 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def step_prompts(num_train: int, step: int, per_step: int, rank: int, world: int, seed: int) -> list[int]:
-    """This rank's prompt indices at an RL step: epoch-wise seeded permutations, read in order.
+def trial_problems(cfg: TrialConfig, tokenizer, model_path: str, rank: int) -> tuple[list[Problem], dict[str, list]]:
+    """(training problems, {benchmark: validation problems}); a file's problem whose prompt leaves no room
+    for a response in the policy's context is skipped and counted ("overlong"), never sent to an engine."""
+    from transformers import AutoConfig
 
-    A pure function of the step, so a resumed run continues at exactly the same data position.
-    """
-    per_rank = per_step // world
-    start = step * per_step + rank * per_rank
-    out = []
-    for pos in range(start, start + per_rank):
-        epoch, offset = divmod(pos, num_train)
-        perm = np.random.default_rng([seed, epoch]).permutation(num_train)
-        out.append(int(perm[offset]))
-    return out
+    def say_skipped(what: str, counts: Counter) -> None:
+        if +counts and rank == 0:
+            print(f"[trial {cfg.name}] {what}: skipped {sum(counts.values())} rows {dict(+counts)}", flush=True)
+
+    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    budget = positions - cfg.rollout.max_new_tokens if positions else float("inf")  # None: no limit it states
+    train_set, val_sets = train_problems(cfg), {}
+    if cfg.task.name == "offline_prompts":  # the built-in task's prompts are a few dozen tokens
+        train_set, overlong = within_context(train_set, tokenizer, cfg.prompt, budget)
+        say_skipped("training prompts", Counter(overlong=overlong))
+        if not train_set:
+            raise TrialError(f"trial {cfg.name}: every training prompt is longer than the policy's context "
+                             f"({positions} positions less rollout.max_new_tokens {cfg.rollout.max_new_tokens})")
+    sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed, cfg.validation.num_prompts)
+    for name, problems in sets.items():
+        if name != BUILTIN:
+            problems, overlong = within_context(problems, tokenizer, cfg.validation.prompt or cfg.prompt, budget)
+            skipped[name] = skipped.get(name, Counter()) + Counter(overlong=overlong)
+        say_skipped(f"validation {name}", skipped.get(name, Counter()))
+        val_sets[name] = problems
+    return train_set, val_sets
+
+
+def schedule_metrics(cfg: TrialConfig, spec: SamplingSpec, lag: int) -> dict[str, float]:
+    """The step's policy lag (optimizer steps between the rollouts' weights and the update's) and EAD's decay."""
+    metrics = {"rollout/policy_lag": float(lag)}
+    if cfg.rollout.decoding.schedule == "ead":
+        metrics["rollout/ead_decay"] = ead_decay(spec.step, d0=cfg.rollout.decoding.ead.d0)
+    return metrics
+
+
+def hybrid_metrics(cfg: TrialConfig, mixed: dict[str, float]) -> dict[str, float]:
+    """luffy / oger*: the hybrid groups' metrics over every rank (a collective); {} otherwise."""
+    if not cfg.preset.uses_offline:
+        return {}
+    exploration_max = reduce_max(mixed.pop("oger_exploration_max"))
+    return offline_metrics(reduce_sums(mixed), exploration_max, cfg.preset.needs_embeddings)
 
 
 @dataclass(frozen=True)
@@ -112,7 +135,7 @@ class Trial:
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = self.tokenizer.pad_token_id
-        self.train_set, val_sets = self.load_problems(model_path)
+        self.train_set, val_sets = trial_problems(cfg, self.tokenizer, model_path, self.rank)
         self.model_path = str(model_path)  # the base policy, recorded in checkpoints for their export
         # On GPUs, the device Ray Train gave this rank (it sets CUDA_VISIBLE_DEVICES and the local rank).
         device = str(get_device()) if cfg.learner.use_gpu else "cpu"
@@ -122,6 +145,7 @@ class Trial:
         self.client = RolloutClient(engines, cfg.rollout, self.learner, trial=cfg.name, rank=self.rank,
                                     timeout_s=cfg.checkpoint.actor_timeout_s, slot=slot, shared=shared,
                                     run=inputs.run_name, pool=inputs.pool)
+        self.feed = SeedRollouts(cfg, self.client, self.tokenizer, self.train_set, self.rank, self.world, grouped)
         self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
                                    world=self.world)
         self.record = TrialLog(cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank,
@@ -130,39 +154,9 @@ class Trial:
         self.base_val: dict[str, float] = {}
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
         self.last_step_rows = None  # (problems, rollouts, rewards, offpolicy) of the latest step
-        self.ahead: tuple[int, Pending | RolloutBatch] | None = None  # rollout.overlap: the next step's batch
         self.last_finite: dict[str, float] = {}
         self.then = None  # called once a step's rollouts are in (`TrialGroup`: the next seed's generation)
         self.rng = rng_state()  # this seed's RNG streams once built (`own_rng`)
-
-    def load_problems(self, model_path: str) -> tuple[list[Problem], dict[str, list]]:
-        """(training problems, {benchmark: validation problems}); a file's problem whose prompt leaves no room
-        for a response in the policy's context is skipped and counted ("overlong"), never sent to an engine."""
-        from transformers import AutoConfig
-
-        cfg = self.cfg
-        positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
-        budget = positions - cfg.rollout.max_new_tokens if positions else float("inf")  # None: no limit it states
-        train_set, val_sets = train_problems(cfg), {}
-        if cfg.task.name == "offline_prompts":  # the built-in task's prompts are a few dozen tokens
-            train_set, overlong = within_context(train_set, self.tokenizer, cfg.prompt, budget)
-            self.say_skipped("training prompts", Counter(overlong=overlong))
-            if not train_set:
-                raise TrialError(f"trial {cfg.name}: every training prompt is longer than the policy's context "
-                                 f"({positions} positions less rollout.max_new_tokens {cfg.rollout.max_new_tokens})")
-        sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed, cfg.validation.num_prompts)
-        for name, problems in sets.items():
-            if name != BUILTIN:
-                problems, overlong = within_context(problems, self.tokenizer, cfg.validation.prompt or cfg.prompt,
-                                                    budget)
-                skipped[name] = skipped.get(name, Counter()) + Counter(overlong=overlong)
-            self.say_skipped(f"validation {name}", skipped.get(name, Counter()))
-            val_sets[name] = problems
-        return train_set, val_sets
-
-    def say_skipped(self, what: str, counts: Counter) -> None:
-        if +counts and self.rank == 0:
-            print(f"[trial {self.cfg.name}] {what}: skipped {sum(counts.values())} rows {dict(+counts)}", flush=True)
 
     @property
     def latest_val(self) -> dict[str, float]:
@@ -170,9 +164,6 @@ class Trial:
         return self.val_history[-1][1] if self.val_history else {}
 
     # -- stages ---------------------------------------------------------------------------------
-    def encode(self, problems: list[Problem]) -> list[list[int]]:
-        return [encode_prompt(self.tokenizer, p, self.cfg.prompt) for p in problems]
-
     def score_texts(self, texts: list[str], golds: list[str]) -> tuple[torch.Tensor, dict[str, int]]:
         """Verifiable rewards [B] and reason counts of responses, from the trial's verifier actor; it
         judges each whole assistant turn (the prompt's prefill, then the response)."""
@@ -191,8 +182,8 @@ class Trial:
     def rollout_step(self, step: int) -> dict[str, float]:
         cfg, t = self.cfg, {}
         with timed(t, "step"):
-            problems, spec = self.step_problems(step), self.step_spec(step)
-            rollouts = online = self.step_rollouts(step, problems, spec, t)
+            problems, spec = self.feed.problems(step), self.feed.spec(step)
+            rollouts = online = self.feed.take(step, problems, spec, t)
             if self.then is not None:  # the engines are free: the next seed's generation starts (`TrialGroup`)
                 self.then()
             lag = self.client.steps_behind(rollouts)  # optimizer steps behind the update
@@ -231,57 +222,7 @@ class Trial:
         sums = rank_sums(online, mask, rewards, grouped, reasons, update.tis, update.stats, cfg.rollout.tis_cap)
         metrics = step_metrics(reduce_sums(sums), reduce_max(tis_max(update.tis, mask)), update.stats, t, step=step,
                                optimizer_step=self.learner.optimizer_step, service_losses=self.client.losses)
-        metrics["rollout/policy_lag"] = float(lag)
-        if cfg.rollout.decoding.schedule == "ead":
-            metrics["rollout/ead_decay"] = ead_decay(spec.step, d0=cfg.rollout.decoding.ead.d0)
-        if not cfg.preset.uses_offline:
-            return metrics
-        exploration_max = reduce_max(mixed.pop("oger_exploration_max"))
-        return metrics | offline_metrics(reduce_sums(mixed), exploration_max, cfg.preset.needs_embeddings)
-
-    def step_problems(self, step: int) -> list[Problem]:
-        cfg = self.cfg
-        return [self.train_set[i] for i in step_prompts(
-            len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
-
-    def step_spec(self, step: int) -> SamplingSpec:
-        # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
-        return self.cfg.rollout.decoding.sampling(self.cfg.rollout.max_new_tokens, step + 1,
-                                                  seed=self.cfg.seed * 100_003 + step * 101 + self.rank)
-
-    def step_rollouts(self, step: int, problems: list[Problem], spec: SamplingSpec,
-                      t: dict[str, float]) -> RolloutBatch:
-        """Step `step`'s rollouts: generated now, or the batch generated ahead; with rollout.overlap the
-        engines then start on step + 1's at this policy (pushed first if they hold an older one)."""
-        cfg = self.cfg
-        if self.grouped and not (self.ahead is not None and self.ahead[0] == step):
-            with timed(t, "sync"):  # the engines may hold another seed's weights: this seed's, pushed now
-                self.client.sync_if_stale()
-        with timed(t, "generate"):
-            if self.ahead is not None and self.ahead[0] == step:
-                self.settle()
-                rollouts, self.ahead = self.ahead[1], None
-            else:
-                rollouts = self.client.generate(self.encode(problems), cfg.rollout.group_size, spec)
-            self.client.release_gpus()
-        if cfg.rollout.overlap and step + 1 < cfg.learner.steps:
-            with timed(t, "sync"):
-                self.client.sync_if_stale()
-            self.ahead = (step + 1, self.client.submit(self.encode(self.step_problems(step + 1)),
-                                                       cfg.rollout.group_size, self.step_spec(step + 1)))
-        return rollouts
-
-    def submit_ahead(self, step: int) -> None:
-        """Start generating step `step`'s rollouts now, at this seed's weights (pushed first), for this seed to
-        collect when it takes the step: exactly what it would generate then."""
-        self.client.sync_if_stale()
-        self.ahead = (step, self.client.submit(self.encode(self.step_problems(step)), self.cfg.rollout.group_size,
-                                               self.step_spec(step)))
-
-    def settle(self) -> None:
-        """The batch in flight (rollout.overlap) collected, so the engines are free and it can be saved."""
-        if self.ahead is not None and isinstance(self.ahead[1], Pending):
-            self.ahead = (self.ahead[0], self.client.collect(self.ahead[1]))
+        return metrics | schedule_metrics(cfg, spec, lag) | hybrid_metrics(cfg, mixed)
 
     def logprob_taus(self, spec: SamplingSpec) -> tuple[float, ...] | None:
         """The learner's temperature at each response position: the rollout schedule's (`rollout`), or
@@ -325,8 +266,8 @@ class Trial:
         next batch when generated ahead."""
         state = {"base_val": self.base_val, "val_history": self.val_history, "metrics": reported,
                  "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}
-        self.settle()  # the next step's batch, generated ahead from the weights before this step's update
-        ahead = {"next_rollouts": asdict(self.ahead[1])} if self.ahead is not None else {}
+        self.feed.settle()  # the next step's batch, generated ahead from the weights before this step's update
+        ahead = {"next_rollouts": asdict(self.feed.ahead[1])} if self.feed.ahead is not None else {}
         return resume.Part(self.part, self.learner, state, {"rng": self.rng, **ahead})
 
     def load_state(self, state: dict) -> None:
@@ -336,7 +277,7 @@ class Trial:
         self.val_history = [(int(done), val) for done, val in state["val_history"]]
         self.rng = state["rng"]
         if state["next_rollouts"] is not None:
-            self.ahead = (self.start_step, RolloutBatch(**state["next_rollouts"]))
+            self.feed.ahead = (self.start_step, RolloutBatch(**state["next_rollouts"]))
 
     @contextmanager
     def own_rng(self):
@@ -377,7 +318,7 @@ class Trial:
         last = step == cfg.learner.steps - 1
         validated = bool(every) and ((step + 1) % every == 0 or last)
         if validated:
-            self.settle()  # the engines take this policy's weights once the batch in flight is in
+            self.feed.settle()  # the engines take this policy's weights once the batch in flight is in
             self.client.sync_if_stale()
             with timed(t := {}, "validate"):
                 self.val_history.append((step + 1, self.validate(step + 1)))

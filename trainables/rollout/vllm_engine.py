@@ -47,6 +47,34 @@ STEP_KEY = "learner_step"  # the RL step s (EAD's step-aware decay)
 _PROCESSOR_CLASS = None
 
 
+def check_schedule_args(args: dict) -> None:
+    """A request's schedule arguments (SamplingParams.extra_args), refused with a reason when malformed."""
+    if SCHEDULE_KEY not in args:
+        return
+    if args[SCHEDULE_KEY] not in SCHEDULES:
+        raise ValueError(f"unknown temperature schedule {args[SCHEDULE_KEY]!r}; known: {sorted(SCHEDULES)}")
+    if not isinstance(args.get(PARAMS_KEY, {}), dict) or not isinstance(args.get(STEP_KEY, 0), int):
+        raise ValueError(f"{PARAMS_KEY} must be a dict and {STEP_KEY} an int")
+
+
+def move_row(rows: dict, a: int, b: int, *, swap: bool) -> None:
+    """A batch row's state moved from a to b (vLLM's `BatchUpdate.moved`), or the two swapped."""
+    entry_a, entry_b = rows.pop(a, None), rows.pop(b, None)
+    if entry_a is not None:
+        rows[b] = entry_a
+    if swap and entry_b is not None:
+        rows[a] = entry_b
+
+
+def row_temperatures(rows: dict, batch_size: int) -> list[float]:
+    """Each batch row's tau at the token it samples now (its output's length indexes its table); 1 for an
+    unscheduled row, which x / 1 leaves exactly as it is."""
+    tau = [1.0] * batch_size
+    for row, (taus, output_ids) in rows.items():
+        tau[row] = taus[min(len(output_ids), len(taus) - 1)]
+    return tau
+
+
 def _build_processor_class():
     """The V1 logits processor applying a request's schedule to its next token (built lazily)."""
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -64,13 +92,7 @@ def _build_processor_class():
 
         @classmethod
         def validate_params(cls, sampling_params) -> None:
-            args = sampling_params.extra_args or {}
-            if SCHEDULE_KEY not in args:
-                return
-            if args[SCHEDULE_KEY] not in SCHEDULES:
-                raise ValueError(f"unknown temperature schedule {args[SCHEDULE_KEY]!r}; known: {sorted(SCHEDULES)}")
-            if not isinstance(args.get(PARAMS_KEY, {}), dict) or not isinstance(args.get(STEP_KEY, 0), int):
-                raise ValueError(f"{PARAMS_KEY} must be a dict and {STEP_KEY} an int")
+            check_schedule_args(sampling_params.extra_args or {})
 
         def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
             self.max_model_len = vllm_config.model_config.max_model_len  # the cap when max_tokens is None
@@ -97,18 +119,12 @@ def _build_processor_class():
                 else:
                     self.rows.pop(index, None)  # a new request may take a scheduled one's row
             for a, b, direction in batch_update.moved:
-                entry_a, entry_b = self.rows.pop(a, None), self.rows.pop(b, None)
-                if entry_a is not None:
-                    self.rows[b] = entry_a
-                if direction == MoveDirectionality.SWAP and entry_b is not None:
-                    self.rows[a] = entry_b
+                move_row(self.rows, a, b, swap=direction == MoveDirectionality.SWAP)
 
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
             if not self.rows:
                 return logits
-            tau = [1.0] * logits.shape[0]  # x / 1 is exact: unscheduled rows are unchanged
-            for row, (taus, output_ids) in self.rows.items():
-                tau[row] = taus[min(len(output_ids), len(taus) - 1)]
+            tau = row_temperatures(self.rows, logits.shape[0])
             return logits.div_(torch.tensor(tau, dtype=logits.dtype, device=logits.device)[:, None])
 
     ScheduledTemperatureProcessor.__module__ = __name__
