@@ -102,8 +102,10 @@ def cpu_model() -> str:
     """The CPU's model name and its widest vector instruction set: another CPU gives other floating
     point, and so other draws."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.processor() or platform.machine())
+    name = next(
+        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     isa = next((isa for isa in ("avx512f", "avx2", "avx", "sse4_2") if isa in flags), platform.machine())
     return f"{name} ({isa.upper().replace('512F', '-512')})"
@@ -126,8 +128,16 @@ def verdict(row: str, value: float | str) -> str:
 def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
     from bench.memory import peak_memory
 
-    command = [sys.executable, "-m", "orchestrator.sweep", spec, "--storage", str(storage),
-               "--name", f"sweep-{time.time_ns()}"]
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator.sweep",
+        spec,
+        "--storage",
+        str(storage),
+        "--name",
+        f"sweep-{time.time_ns()}",
+    ]
     if quick:
         command += ["--num-samples", "1", "--set", "learner.steps=3"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own cluster: all of it is measured
@@ -136,10 +146,12 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
     if figures["exit_code"]:
         raise SystemExit(f"bench: the sweep failed (exit {figures['exit_code']})")
     figures.update(sweep_compute(storage, command[command.index("--name") + 1], spec))
-    return {"default sweep peak memory, PSS (GiB)": figures["peak_pss_gib"],
-            "default sweep trial compute / wall": figures["compute_share"],
-            "default sweep wall (min)": figures["wall_s"] / 60,
-            "default sweep report / its wall": figures["report_share"]}, figures
+    return {
+        "default sweep peak memory, PSS (GiB)": figures["peak_pss_gib"],
+        "default sweep trial compute / wall": figures["compute_share"],
+        "default sweep wall (min)": figures["wall_s"] / 60,
+        "default sweep report / its wall": figures["report_share"],
+    }, figures
 
 
 def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
@@ -153,8 +165,21 @@ def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
     figures = {}
     for seeds in (1, 3):
         name = f"seeds{seeds}-{time.time_ns()}"
-        command = [sys.executable, "-m", "orchestrator.sweep", spec, "--storage", str(storage), "--name", name,
-                   "--num-samples", "1", "--set", f"search.seeds={seeds}", *steps]
+        command = [
+            sys.executable,
+            "-m",
+            "orchestrator.sweep",
+            spec,
+            "--storage",
+            str(storage),
+            "--name",
+            name,
+            "--num-samples",
+            "1",
+            "--set",
+            f"search.seeds={seeds}",
+            *steps,
+        ]
         console.print(f"[bold]seeds[/bold]: {' '.join(command[1:])}")
         run = peak_memory(command, interval_s=0.25, env=env)
         if run["exit_code"]:
@@ -162,16 +187,24 @@ def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
         figures[seeds] = {**run, "later_start_s": later_seed_start(storage, name)}
     table = number_table("seeds: CPU seconds by process, one configuration's sweep", ["process", "1 seed", "3 seeds"])
     for kind in dict.fromkeys([*figures[3]["cpu_by_kind"], *figures[1]["cpu_by_kind"]]):
-        table.add_row(kind, *(f"{figures[r]['cpu_by_kind'].get(kind, (0, 0.0))[1]:.1f} "
-                              f"({figures[r]['cpu_by_kind'].get(kind, (0, 0.0))[0]})" for r in (1, 3)))
+        table.add_row(
+            kind,
+            *(
+                f"{figures[r]['cpu_by_kind'].get(kind, (0, 0.0))[1]:.1f} "
+                f"({figures[r]['cpu_by_kind'].get(kind, (0, 0.0))[0]})"
+                for r in (1, 3)
+            ),
+        )
     console.print(table)
     one, three = figures[1]["core_seconds"], figures[3]["core_seconds"]
     marginal, average = (three - one) / 2, three / 3
     figures.update(marginal_core_s=marginal, average_core_s=average)
-    return {"seeds: per-seed overhead share, 3 seeds (1 - a marginal seed's core-s / an average seed's)":
-            1 - marginal / average,
-            "seeds: core-s per seed, 3 seeds in one run / 1 seed alone": average / one,
-            "seeds: a later seed's own start, its data and learner built (s)": figures[3]["later_start_s"]}, figures
+    return {
+        "seeds: per-seed overhead share, 3 seeds (1 - a marginal seed's core-s / an average seed's)": 1
+        - marginal / average,
+        "seeds: core-s per seed, 3 seeds in one run / 1 seed alone": average / one,
+        "seeds: a later seed's own start, its data and learner built (s)": figures[3]["later_start_s"],
+    }, figures
 
 
 def later_seed_start(storage: Path, name: str) -> float:
@@ -182,8 +215,13 @@ def later_seed_start(storage: Path, name: str) -> float:
     tracker = Tracker(default_tracking_uri(str(storage)), "rlvr-explore")
     runs = tracker.client.search_runs([tracker.experiment_id], tags_filter(sweep=name, kind="trial"))
     later = [r for r in runs if int(r.data.params.get("seed", 0)) > 0]
-    return max((r.data.metrics.get("timing/startup_learner", 0.0) + r.data.metrics.get("timing/startup_data", 0.0)
-                for r in later), default=0.0)
+    return max(
+        (
+            r.data.metrics.get("timing/startup_learner", 0.0) + r.data.metrics.get("timing/startup_data", 0.0)
+            for r in later
+        ),
+        default=0.0,
+    )
 
 
 def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
@@ -197,11 +235,20 @@ def sweep_compute(storage: Path, name: str, spec: str) -> dict[str, float]:
     runs = tracker.client.search_runs([tracker.experiment_id], tags_filter(sweep=name), max_results=10_000)
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
     wall, report = parent.data.metrics["sweep/wall_s"], parent.data.metrics["sweep/report_s"]
-    steps = sum(v for r in runs if r.data.tags.get("kind") == "trial"
-                for _, v in tracker.metric_history(r.info.run_id, "timing/step"))
+    steps = sum(
+        v
+        for r in runs
+        if r.data.tags.get("kind") == "trial"
+        for _, v in tracker.metric_history(r.info.run_id, "timing/step")
+    )
     at_once = search.max_concurrent_trials  # a configuration's seeds take turns in one run
-    return {"wall_s": wall, "trial_step_s": steps, "compute_share": steps / (wall * at_once),
-            "report_s": report, "report_share": report / (wall + report)}
+    return {
+        "wall_s": wall,
+        "trial_step_s": steps,
+        "compute_share": steps / (wall * at_once),
+        "report_s": report,
+        "report_share": report / (wall + report),
+    }
 
 
 def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
@@ -212,11 +259,13 @@ def engine_rows(cfg, quick: bool) -> tuple[dict, dict]:
     repeats = 8 if quick else 24
     console.print(f"[bold]engines[/bold]: {repeats} rounds of interleaved calls (the service pair: {2 * repeats})")
     hf, vllm = hf_figures(cfg, repeats), vllm_figures(cfg, repeats)
-    rows = {"generation EAD / fixed, hf": hf["ead_over_fixed"],
-            "generation EAD recipe / T = 1, hf (longer samples)": hf["ead_recipe_over_fixed"],
-            "generation EAD / fixed, vllm": vllm if isinstance(vllm, str) else vllm["ead_over_fixed"],
-            "throughput service / direct, hf": hf["service_over_direct"],
-            "weight push gloo / object store, hf": hf["gloo_over_object_store"]}
+    rows = {
+        "generation EAD / fixed, hf": hf["ead_over_fixed"],
+        "generation EAD recipe / T = 1, hf (longer samples)": hf["ead_recipe_over_fixed"],
+        "generation EAD / fixed, vllm": vllm if isinstance(vllm, str) else vllm["ead_over_fixed"],
+        "throughput service / direct, hf": hf["service_over_direct"],
+        "weight push gloo / object store, hf": hf["gloo_over_object_store"],
+    }
     if not isinstance(vllm, str):
         rows["generation EAD recipe / T = 1, vllm (longer samples)"] = vllm["ead_recipe_over_fixed"]
     return rows, {"hf": hf, "vllm": vllm}
@@ -230,8 +279,11 @@ def refusal_seconds(spec: str, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "orchestrator.train", spec, "--set", "learner.no_such_key=1"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator.train", spec, "--set", "learner.no_such_key=1"],
+            capture_output=True,
+            text=True,
+        )
         times.append(time.perf_counter() - start)
         assert done.returncode == 2, done.stdout + done.stderr
     return statistics.median(times)
@@ -243,13 +295,15 @@ def trial_rows(spec: str, storage: Path, steps: int, overrides: list[str]) -> tu
     console.print(f"[bold]trials[/bold]: {', '.join(ALGORITHMS)}, {steps} steps each")
     figures, ratios = algorithm_ratios(spec, str(storage), steps, overrides, ALGORITHMS)
     main = figures[ALGORITHMS[0]]
-    rows = {"orchestration overhead (steady wall / compute)": main["overhead"],
-            "trial start-up (s)": main["startup_s"],
-            "bad input refused, from the command's start (s)": refusal_seconds(spec),
-            **{f"step time {key}": value for key, value in ratios.items()},
-            "weight sync / step": main["sync_share_of_step"],
-            "checkpoint / its interval": main["checkpoint_share_of_interval"],
-            "report + logging / wall": main["report_logging_share_of_wall"]}
+    rows = {
+        "orchestration overhead (steady wall / compute)": main["overhead"],
+        "trial start-up (s)": main["startup_s"],
+        "bad input refused, from the command's start (s)": refusal_seconds(spec),
+        **{f"step time {key}": value for key, value in ratios.items()},
+        "weight sync / step": main["sync_share_of_step"],
+        "checkpoint / its interval": main["checkpoint_share_of_interval"],
+        "report + logging / wall": main["report_logging_share_of_wall"],
+    }
     return rows, {"algorithms": figures, "ratios": ratios}
 
 
@@ -257,14 +311,18 @@ def peer_rows(spec: str, storage: Path, steps: int, quick: bool, overrides: list
     from bench.peers import peers_figures
 
     rounds = 1 if quick else 2
-    console.print(f"[bold]peers[/bold]: TRL's GRPOTrainer and one trial (synchronous, then overlapped), {steps} "
-                  f"steps each, {rounds} round(s)")
+    console.print(
+        f"[bold]peers[/bold]: TRL's GRPOTrainer and one trial (synchronous, then overlapped), {steps} "
+        f"steps each, {rounds} round(s)"
+    )
     figures = peers_figures(spec, storage, steps, rounds, overrides)
     floor = figures["ray train floor / trl, start-up"]
-    return {"peers: s per RL step, ours / TRL": figures["ours / trl, s per step"],
-            "peers: s per RL step, ours with rollout.overlap 1 / TRL": figures["ours, overlap 1 / trl, s per step"],
-            "peers: start-up, ours / TRL": figures["ours / trl, start-up"],
-            "peers: start-up, Ray Train's own (an empty train function) / TRL": floor}, figures
+    return {
+        "peers: s per RL step, ours / TRL": figures["ours / trl, s per step"],
+        "peers: s per RL step, ours with rollout.overlap 1 / TRL": figures["ours, overlap 1 / trl, s per step"],
+        "peers: start-up, ours / TRL": figures["ours / trl, start-up"],
+        "peers: start-up, Ray Train's own (an empty train function) / TRL": floor,
+    }, figures
 
 
 def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
@@ -275,14 +333,19 @@ def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
     figures = learner_figures(cfg, quick, str(resolve_model_path(cfg.model, cfg.cache_dir)))
     console.print("[bold]learner[/bold]: the weight push, by buckets and by a whole copy, fresh processes")
     figures["push"] = push_figures(cfg)
-    return {"weight push peak extra memory / model size, ZeRO-3": figures["push"]["buckets"]["extra_over_model"],
-            "weight push peak extra memory / model size, whole-model copy first":
-            figures["push"]["whole"]["extra_over_model"],
-            "learner memory per response token / fp32 logits row (V = 151,936)":
-            figures["chunked"]["per_token_over_logits_row"],
-            "learner memory per response token / fp32 logits row, full-logits pass":
-            figures["full"]["per_token_over_logits_row"],
-            "learner update tokens/s, chunked / full-logits pass": figures["speed"]["chunked_over_full"]}, figures
+    return {
+        "weight push peak extra memory / model size, ZeRO-3": figures["push"]["buckets"]["extra_over_model"],
+        "weight push peak extra memory / model size, whole-model copy first": figures["push"]["whole"][
+            "extra_over_model"
+        ],
+        "learner memory per response token / fp32 logits row (V = 151,936)": figures["chunked"][
+            "per_token_over_logits_row"
+        ],
+        "learner memory per response token / fp32 logits row, full-logits pass": figures["full"][
+            "per_token_over_logits_row"
+        ],
+        "learner update tokens/s, chunked / full-logits pass": figures["speed"]["chunked_over_full"],
+    }, figures
 
 
 def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
@@ -290,33 +353,47 @@ def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
     from bench.decisions import NEW, PROCEDURES, decision_figures, tune_figures, world_figures
 
     figures = decision_figures(quick)
-    console.print(f"[bold]decisions[/bold]: {figures['sweeps']} simulated sweeps per scenario and procedure, "
-                  f"seed SD {figures['seed_sd']}")
-    table = number_table("decisions: the sweep's procedure on configurations of known truth",
-                         ["scenario", "procedure", "P(false better/worse)", "P(best confirmed)", "P(best pruned)",
-                          "trial-steps"])
+    console.print(
+        f"[bold]decisions[/bold]: {figures['sweeps']} simulated sweeps per scenario and procedure, "
+        f"seed SD {figures['seed_sd']}"
+    )
+    table = number_table(
+        "decisions: the sweep's procedure on configurations of known truth",
+        ["scenario", "procedure", "P(false better/worse)", "P(best confirmed)", "P(best pruned)", "trial-steps"],
+    )
     for scenario, procs in figures["scenarios"].items():
         for proc, r in procs.items():
-            table.add_row(scenario, proc, f"{r['false_verdict']:.3f}", f"{r['best_confirmed']:.3f}",
-                          f"{r['best_pruned']:.3f}", f"{r['trial_steps']:.0f}")
+            table.add_row(
+                scenario,
+                proc,
+                f"{r['false_verdict']:.3f}",
+                f"{r['best_confirmed']:.3f}",
+                f"{r['best_pruned']:.3f}",
+                f"{r['trial_steps']:.0f}",
+            )
     console.print(table)
     if tune:
         figures["tune"] = tune_figures(2 if quick else 10)
-        console.print(f"through Ray Tune and Optuna ({figures['tune']['sweeps']} sweeps, the new procedure, a "
-                      f"configuration with x > 0.5 better by 2 SDs): P(a better one confirmed) "
-                      f"{figures['tune']['better_confirmed']:.2f}, P(false verdict) "
-                      f"{figures['tune']['false_verdict']:.2f}, {figures['tune']['trial_steps']:.0f} trial-steps "
-                      "a sweep", highlight=False)
+        console.print(
+            f"through Ray Tune and Optuna ({figures['tune']['sweeps']} sweeps, the new procedure, a "
+            f"configuration with x > 0.5 better by 2 SDs): P(a better one confirmed) "
+            f"{figures['tune']['better_confirmed']:.2f}, P(false verdict) "
+            f"{figures['tune']['false_verdict']:.2f}, {figures['tune']['trial_steps']:.0f} trial-steps "
+            "a sweep",
+            highlight=False,
+        )
     sc, old, wide = figures["scenarios"], next(iter(PROCEDURES)), list(PROCEDURES)[-1]
     two = sc["one better by 2 SDs"]
-    rows = {"decisions: P(false better/worse), all equal, new": sc["all equal"][NEW]["false_verdict"],
-            "decisions: P(false better/worse), all equal, old": sc["all equal"][old]["false_verdict"],
-            "decisions: P(truly best pruned), 1 SD better, new": sc["one better by 1 SD"][NEW]["best_pruned"],
-            "decisions: P(truly best pruned), 1 SD better, old": sc["one better by 1 SD"][old]["best_pruned"],
-            "decisions: P(truly best confirmed better), 2 SDs, new up to 10 pairs": two[wide]["best_confirmed"],
-            "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": two[NEW]["best_confirmed"],
-            "decisions: P(truly best confirmed better), 2 SDs, old": two[old]["best_confirmed"],
-            "decisions: trial-steps new / old, 2 SDs": two[NEW]["trial_steps"] / two[old]["trial_steps"]}
+    rows = {
+        "decisions: P(false better/worse), all equal, new": sc["all equal"][NEW]["false_verdict"],
+        "decisions: P(false better/worse), all equal, old": sc["all equal"][old]["false_verdict"],
+        "decisions: P(truly best pruned), 1 SD better, new": sc["one better by 1 SD"][NEW]["best_pruned"],
+        "decisions: P(truly best pruned), 1 SD better, old": sc["one better by 1 SD"][old]["best_pruned"],
+        "decisions: P(truly best confirmed better), 2 SDs, new up to 10 pairs": two[wide]["best_confirmed"],
+        "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": two[NEW]["best_confirmed"],
+        "decisions: P(truly best confirmed better), 2 SDs, old": two[old]["best_confirmed"],
+        "decisions: trial-steps new / old, 2 SDs": two[NEW]["trial_steps"] / two[old]["trial_steps"],
+    }
     for row, value in rows.items():
         if row.startswith("decisions: P("):
             MC_SE[row] = (value * (1 - value) / figures["sweeps"]) ** 0.5
@@ -325,15 +402,23 @@ def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
     return {**rows, **world_rows(figures["worlds"]["worlds"])}, figures
 
 
-WORLD_COLUMNS = {"false_verdict": "P(false verdict), all equal", "better_when_worse": "P(better), every other worse",
-                 "best_pruned": "P(best pruned), 1 SD", "best_confirmed": "P(best chosen, confirmed), 2 SDs",
-                 "seed_runs": "seed-runs, 2 SDs", "pruning_saves": "rungs save, 2 SDs"}
+WORLD_COLUMNS = {
+    "false_verdict": "P(false verdict), all equal",
+    "better_when_worse": "P(better), every other worse",
+    "best_pruned": "P(best pruned), 1 SD",
+    "best_confirmed": "P(best chosen, confirmed), 2 SDs",
+    "seed_runs": "seed-runs, 2 SDs",
+    "pruning_saves": "rungs save, 2 SDs",
+}
 
 
 def print_worlds(figures: dict) -> None:
     """One row per world: the default procedure's rates, each ± its Monte Carlo standard error."""
-    table = number_table(f"decisions by world: the default procedure, {figures['sweeps']} simulated sweeps per "
-                         "scenario (± Monte Carlo standard error)", ["world", *WORLD_COLUMNS.values()])
+    table = number_table(
+        f"decisions by world: the default procedure, {figures['sweeps']} simulated sweeps per "
+        "scenario (± Monte Carlo standard error)",
+        ["world", *WORLD_COLUMNS.values()],
+    )
     digits = {key: 1 if key == "seed_runs" else 3 for key in WORLD_COLUMNS}
     for name, w in figures["worlds"].items():
         table.add_row(name, *(f"{w[key][0]:.{digits[key]}f} ± {w[key][1]:.{digits[key]}f}" for key in WORLD_COLUMNS))
@@ -345,10 +430,14 @@ def world_rows(worlds: dict) -> dict[str, float]:
     in MC_SE), and the compute the rungs save in the calibrated world."""
     from bench.decisions import CALIBRATED
 
-    picks = {"decisions: P(false better/worse), all equal, new (default), worst world": ("false_verdict", max),
-             "decisions: P(truly best chosen and confirmed better), 2 SDs, new (default), worst world":
-             ("best_confirmed", min),
-             "decisions: P(truly best pruned), 1 SD better, new (default), worst world": ("best_pruned", max)}
+    picks = {
+        "decisions: P(false better/worse), all equal, new (default), worst world": ("false_verdict", max),
+        "decisions: P(truly best chosen and confirmed better), 2 SDs, new (default), worst world": (
+            "best_confirmed",
+            min,
+        ),
+        "decisions: P(truly best pruned), 1 SD better, new (default), worst world": ("best_pruned", max),
+    }
     rows = {}
     for row, (key, worst) in picks.items():
         name = worst(worlds, key=lambda w: worlds[w][key][0])
@@ -364,7 +453,9 @@ def print_table(rows: dict, title: str) -> None:
     for row in TARGETS:
         if row in rows:
             value, target = rows[row], TARGETS[row]
-            shown = value if isinstance(value, str) else f"{value:.3f}" + (f" ± {MC_SE[row]:.3f}" if row in MC_SE else "")
+            shown = (
+                value if isinstance(value, str) else f"{value:.3f}" + (f" ± {MC_SE[row]:.3f}" if row in MC_SE else "")
+            )
             table.add_row(row, shown, f"{target[0]} {target[1]:g}" if target else "", verdict(row, value))
     console.print(table)
 
@@ -386,15 +477,22 @@ def print_phases(figures: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("spec", nargs="?", default="search_spaces/ead.yaml")
     parser.add_argument("--quick", action="store_true", help="the reduced run (CI): fewer steps and repeats")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--steps", type=int, help="RL steps per trial (default 12; --quick 5)")
     parser.add_argument("--storage", default="runs/bench", help="where the bench's runs and JSON go")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field of the trials and engines, as in orchestrator.train")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field of the trials and engines, as in orchestrator.train",
+    )
     args = parser.parse_args(argv)
     sections, steps = checked_args(parser, args)
 
@@ -409,12 +507,15 @@ def main(argv: list[str] | None = None) -> int:
     storage.mkdir(parents=True, exist_ok=True)
     rows, details = {}, {}
     start = time.perf_counter()
-    run = {"sweep": lambda: sweep_rows(args.spec, storage / "sweep", args.quick),
-           "seeds": lambda: seed_rows(args.spec, storage / "seeds", args.quick),
-           "engines": lambda: engine_rows(cfg, args.quick), "learner": lambda: learner_rows(cfg, args.quick),
-           "decisions": lambda: decision_rows(args.quick),
-           "peers": lambda: peer_rows(args.spec, storage / "peers", steps, args.quick, args.overrides),
-           "trials": lambda: trial_rows(args.spec, storage / "trials", steps, args.overrides)}
+    run = {
+        "sweep": lambda: sweep_rows(args.spec, storage / "sweep", args.quick),
+        "seeds": lambda: seed_rows(args.spec, storage / "seeds", args.quick),
+        "engines": lambda: engine_rows(cfg, args.quick),
+        "learner": lambda: learner_rows(cfg, args.quick),
+        "decisions": lambda: decision_rows(args.quick),
+        "peers": lambda: peer_rows(args.spec, storage / "peers", steps, args.quick, args.overrides),
+        "trials": lambda: trial_rows(args.spec, storage / "trials", steps, args.overrides),
+    }
     for section in [s for s in SECTIONS if s in sections]:  # the sweeps first: each starts its own Ray cluster
         found, details[section] = run[section]()
         rows.update(found)
@@ -423,8 +524,15 @@ def main(argv: list[str] | None = None) -> int:
     if "trials" in details:
         print_phases(details["trials"]["algorithms"])
     print_table(rows, title)
-    record = {"title": title, "seed": cfg.seed, "quick": args.quick, "steps": steps,
-              "seconds": time.perf_counter() - start, "rows": judged(rows), "details": details}
+    record = {
+        "title": title,
+        "seed": cfg.seed,
+        "quick": args.quick,
+        "steps": steps,
+        "seconds": time.perf_counter() - start,
+        "rows": judged(rows),
+        "details": details,
+    }
     (storage / "bench.json").write_text(json.dumps(record, indent=2, default=str))
     console.print(f"written: {storage / 'bench.json'} ({record['seconds']:.0f} s)")
     return 0
@@ -432,8 +540,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def judged(rows: dict[str, float | str]) -> dict[str, dict]:
     """Each row's value with its target and verdict (and a simulated rate's Monte Carlo error), for bench.json."""
-    return {row: {"value": value, "target": TARGETS[row], "verdict": verdict(row, value),
-                  **({"mc_se": MC_SE[row]} if row in MC_SE else {})} for row, value in rows.items()}
+    return {
+        row: {
+            "value": value,
+            "target": TARGETS[row],
+            "verdict": verdict(row, value),
+            **({"mc_se": MC_SE[row]} if row in MC_SE else {}),
+        }
+        for row, value in rows.items()
+    }
 
 
 def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], int]:

@@ -51,27 +51,37 @@ CALIBRATED = "calibrated (rho 0)"
 # Today's procedure as the shipped spec had it, and the new default (search_spaces/ead.yaml).
 PROCEDURES = {
     "old: 3 seeds, ASHA, verdict on the selection seeds": {
-        "seeds": 3, "scheduler": {"name": "asha", "grace_period": 10, "reduction_factor": 2}},
+        "seeds": 3,
+        "scheduler": {"name": "asha", "grace_period": 10, "reduction_factor": 2},
+    },
     "new: 2 seeds, interval rungs, confirmation on fresh seeds": {
-        "seeds": 2, "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6}},
+        "seeds": 2,
+        "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6},
+    },
     "new, Pocock-type spending": {
-        "seeds": 2, "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6, "spending": "pocock"}},
+        "seeds": 2,
+        "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6, "spending": "pocock"},
+    },
     "new, confirmation up to 10 pairs": {
-        "seeds": 2, "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 10}},
+        "seeds": 2,
+        "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 10},
+    },
 }
 NEW = "new: 2 seeds, interval rungs, confirmation on fresh seeds"
 
 
 def scenarios(sd: float) -> dict[str, list[float]]:
     """True final means of the four configurations, the baseline first."""
-    return {"all equal": [FINAL] * 4,
-            ALL_WORSE: [FINAL, FINAL - sd, FINAL - sd, FINAL - sd],
-            "one better by 1 SD": [FINAL, FINAL, FINAL + sd, FINAL],
-            "one better by 2 SDs": [FINAL, FINAL, FINAL + 2 * sd, FINAL],
-            "ladder (+0.5 SD each)": [FINAL + k * sd / 2 for k in range(4)]}
+    return {
+        "all equal": [FINAL] * 4,
+        ALL_WORSE: [FINAL, FINAL - sd, FINAL - sd, FINAL - sd],
+        "one better by 1 SD": [FINAL, FINAL, FINAL + sd, FINAL],
+        "one better by 2 SDs": [FINAL, FINAL, FINAL + 2 * sd, FINAL],
+        "ladder (+0.5 SD each)": [FINAL + k * sd / 2 for k in range(4)],
+    }
 
 
 def shape(step):
@@ -157,13 +167,14 @@ def early_variance(r: float | None, sd: np.ndarray, se: float, s: float) -> np.n
     early = (r2 + np.sqrt(r2**2 + 4 * r2 * se**2 / s**2)) / 2
     if np.any(early > train * (1 + 1e-9)):
         top = float(np.min(rung_final_r(train, sd, se, s)))
-        raise ValueError(f"rung_r {r}: a seed SD of {float(np.min(sd)):.3f} reaches a rung-final correlation of at "
-                         f"most {top:.2f} (the validation's noise alone); give rung_r <= {top:.2f} or a larger sd")
+        raise ValueError(
+            f"rung_r {r}: a seed SD of {float(np.min(sd)):.3f} reaches a rung-final correlation of at "
+            f"most {top:.2f} (the validation's noise alone); give rung_r <= {top:.2f} or a larger sd"
+        )
     return early
 
 
-def curves(means: np.ndarray, early: np.ndarray, late: np.ndarray, noise: np.ndarray,
-           steps: np.ndarray) -> np.ndarray:
+def curves(means: np.ndarray, early: np.ndarray, late: np.ndarray, noise: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """y_{c,s,k} = BASE + (μ_c - BASE + e_{c,s}) · shape(t_k) + l_{c,s} · lateness(t_k) + ε_{c,s,k}.
     means μ [C], early e [C, S], late l [C, S], noise ε [C, S, K], steps t [K] -> [C, S, K]"""
     rise = (means[:, None] - BASE + early)[..., None] * shape(steps)  # [C, S, K]
@@ -193,8 +204,14 @@ class World:
         shape_cs = (len(means), seeds)
         e = correlated(self.unit(shape_cs), self.unit(seeds), k.rho) * np.sqrt(early)[:, None]  # [C, S]
         late_e = correlated(self.unit(shape_cs), self.unit(seeds), k.rho) * late[:, None]  # [C, S]
-        noise = correlated(self.rng.standard_normal((*shape_cs, len(VALIDATIONS))),
-                           self.rng.standard_normal((seeds, len(VALIDATIONS))), k.rho) * VAL_SE  # [C, S, K]
+        noise = (
+            correlated(
+                self.rng.standard_normal((*shape_cs, len(VALIDATIONS))),
+                self.rng.standard_normal((seeds, len(VALIDATIONS))),
+                k.rho,
+            )
+            * VAL_SE
+        )  # [C, S, K]
         return curves(means, e, late_e, noise, VALIDATIONS)
 
     def run(self, final: float, seeds: int) -> dict[int, list[float]]:
@@ -242,8 +259,18 @@ def select(search: SearchConfig, values: np.ndarray) -> tuple[list[ConfigSummary
                     break
         steps, final = int(VALIDATIONS[last]), history[:, last].tolist()
         spent += steps * search.seeds
-        summaries.append(ConfigSummary(str(i), {"x": i}, "finished" if steps == STEPS else "pruned", steps, final,
-                                       seed_interval(final), VAL_SE, {}))
+        summaries.append(
+            ConfigSummary(
+                str(i),
+                {"x": i},
+                "finished" if steps == STEPS else "pruned",
+                steps,
+                final,
+                seed_interval(final),
+                VAL_SE,
+                {},
+            )
+        )
     return summaries, pruned, spent
 
 
@@ -253,7 +280,7 @@ def one_sweep(search: SearchConfig, means: list[float], world: World) -> Outcome
 
     cfg = search.confirm
     values = world.draw(means, search.seeds + (cfg.max_seeds if cfg else 0))  # [C, S, K]
-    summaries, pruned, spent = select(search, values[:, :search.seeds])
+    summaries, pruned, spent = select(search, values[:, : search.seeds])
     finished = ranked([s for s in summaries if s.state == "finished"] or summaries, search)
     _, _, tags = verdict_against_baseline(summaries, finished, search)
     challenger = int(tags["verdict_config"]) if tags else None
@@ -263,8 +290,15 @@ def one_sweep(search: SearchConfig, means: list[float], world: World) -> Outcome
     def train(seeds: list[int]) -> tuple[list[float], list[float]]:  # seeds numbered from search.seeds on
         return values[challenger, seeds, -1].tolist(), values[0, seeds, -1].tolist()
 
-    result = decisions.confirm(train, search.seeds, decisions.looks(cfg.seeds, cfg.add, cfg.max_seeds), cfg.alpha,
-                               cfg.margin, search.mode, cfg.spending)
+    result = decisions.confirm(
+        train,
+        search.seeds,
+        decisions.looks(cfg.seeds, cfg.add, cfg.max_seeds),
+        cfg.alpha,
+        cfg.margin,
+        search.mode,
+        cfg.spending,
+    )
     return Outcome(result.look.verdict, challenger, pruned, spent + 2 * len(result.seeds) * STEPS)
 
 
@@ -294,11 +328,13 @@ def rates(search: SearchConfig, means: list[float], sweeps: int, knobs: Knobs | 
     confirmed better), P(the truly best pruned), mean trial-steps."""
     outs = outcomes(search, means, sweeps, knobs, seed)
     best = int(np.argmax(means)) if max(means) > means[0] else None
-    found = {"false_verdict": share([false_verdict(o, means) for o in outs])[0],
-             "better": share([o.verdict == "better" for o in outs])[0],
-             "best_confirmed": share([o.verdict == "better" and o.challenger == best for o in outs])[0],
-             "best_pruned": share([best in o.pruned for o in outs])[0],
-             "trial_steps": float(np.mean([o.trial_steps for o in outs]))}
+    found = {
+        "false_verdict": share([false_verdict(o, means) for o in outs])[0],
+        "better": share([o.verdict == "better" for o in outs])[0],
+        "best_confirmed": share([o.verdict == "better" and o.challenger == best for o in outs])[0],
+        "best_pruned": share([best in o.pruned for o in outs])[0],
+        "trial_steps": float(np.mean([o.trial_steps for o in outs])),
+    }
     if best is None:
         found["best_confirmed"] = found["best_pruned"] = math.nan
     return found
@@ -320,17 +356,26 @@ def world_rates(knobs: Knobs, sweeps: int, seed: int) -> dict[str, tuple[float, 
     default = search_config(PROCEDURES[NEW])
     unpruned = search_config({**PROCEDURES[NEW], "scheduler": {"name": "none"}})
     sc = scenarios(knobs.sd)
-    null, worse, one, two, off = (outcomes(search, sc[name], sweeps, knobs, seed) for search, name in (
-        (default, "all equal"), (default, ALL_WORSE), (default, "one better by 1 SD"),
-        (default, "one better by 2 SDs"), (unpruned, "one better by 2 SDs")))
+    null, worse, one, two, off = (
+        outcomes(search, sc[name], sweeps, knobs, seed)
+        for search, name in (
+            (default, "all equal"),
+            (default, ALL_WORSE),
+            (default, "one better by 1 SD"),
+            (default, "one better by 2 SDs"),
+            (unpruned, "one better by 2 SDs"),
+        )
+    )
     best_one, best_two = (int(np.argmax(sc[name])) for name in ("one better by 1 SD", "one better by 2 SDs"))
     runs = np.array([o.trial_steps for o in two]) / STEPS
-    return {"false_verdict": share([false_verdict(o, sc["all equal"]) for o in null]),
-            "better_when_worse": share([o.verdict == "better" for o in worse]),
-            "best_pruned": share([best_one in o.pruned for o in one]),
-            "best_confirmed": share([o.verdict == "better" and o.challenger == best_two for o in two]),
-            "seed_runs": (float(runs.mean()), float(runs.std(ddof=1) / math.sqrt(len(runs)))),
-            "pruning_saves": saved([o.trial_steps for o in two], [o.trial_steps for o in off])}
+    return {
+        "false_verdict": share([false_verdict(o, sc["all equal"]) for o in null]),
+        "better_when_worse": share([o.verdict == "better" for o in worse]),
+        "best_pruned": share([best_one in o.pruned for o in one]),
+        "best_confirmed": share([o.verdict == "better" and o.challenger == best_two for o in two]),
+        "seed_runs": (float(runs.mean()), float(runs.std(ddof=1) / math.sqrt(len(runs)))),
+        "pruning_saves": saved([o.trial_steps for o in two], [o.trial_steps for o in off]),
+    }
 
 
 def world_figures(quick: bool, seed: int = 0) -> dict:
@@ -346,8 +391,9 @@ def world_figures(quick: bool, seed: int = 0) -> dict:
 
 
 def search_config(procedure: dict) -> SearchConfig:
-    return SearchConfig.model_validate({"space": SPACE, "metric": METRIC, "mode": "max", "num_samples": 4,
-                                        "baseline": {"x": 0}, **procedure})
+    return SearchConfig.model_validate(
+        {"space": SPACE, "metric": METRIC, "mode": "max", "num_samples": 4, "baseline": {"x": 0}, **procedure}
+    )
 
 
 def decision_figures(quick: bool, sd: float = 0.04, seed: int = 0) -> dict:
@@ -377,7 +423,11 @@ def confirmed_tune_sweep(summaries: list, search, world: World, mean) -> tuple[s
     cfg = search.confirm
     result = decisions.confirm(
         lambda seeds: (world.finals(mean(challenger.params["x"]), seeds), world.finals(FINAL, seeds)),
-        search.seeds, decisions.looks(cfg.seeds, cfg.add, cfg.max_seeds), cfg.alpha, cfg.margin)
+        search.seeds,
+        decisions.looks(cfg.seeds, cfg.add, cfg.max_seeds),
+        cfg.alpha,
+        cfg.margin,
+    )
     better, verdict = mean(challenger.params["x"]) > FINAL, result.look.verdict
     said = "better" if verdict == "better" and better else "false" if verdict in ("better", "worse") else ""
     return said, 2 * len(result.seeds) * STEPS
@@ -396,8 +446,7 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
     from orchestrator.summary import summarize
     from orchestrator.sweep import make_scheduler, make_searcher
 
-    search = search_config({**PROCEDURES[NEW],
-                            "points_to_evaluate": [{"x": 0.0}]})
+    search = search_config({**PROCEDURES[NEW], "points_to_evaluate": [{"x": 0.0}]})
 
     def mean(x: float) -> float:
         return FINAL + 2 * sd if x > 0.5 else FINAL
@@ -416,12 +465,19 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(sweeps):
             records = f"{tmp}/s{rep}"  # the scheduler's stops, as a sweep records them in its folder
-            config = tune.TuneConfig(search_alg=make_searcher(search, Path(tmp) / f"o{rep}.db", f"s{rep}",
-                                                              {"storage": records}),
-                                     scheduler=make_scheduler(search, STEPS, record_to=records), metric=METRIC,
-                                     mode="max", num_samples=search.num_samples, max_concurrent_trials=1)
-            grid = tune.Tuner(trainable_for(rep), tune_config=config,
-                              run_config=tune.RunConfig(name=f"s{rep}", storage_path=tmp, verbose=0)).fit()
+            config = tune.TuneConfig(
+                search_alg=make_searcher(search, Path(tmp) / f"o{rep}.db", f"s{rep}", {"storage": records}),
+                scheduler=make_scheduler(search, STEPS, record_to=records),
+                metric=METRIC,
+                mode="max",
+                num_samples=search.num_samples,
+                max_concurrent_trials=1,
+            )
+            grid = tune.Tuner(
+                trainable_for(rep),
+                tune_config=config,
+                run_config=tune.RunConfig(name=f"s{rep}", storage_path=tmp, verbose=0),
+            ).fit()
             summaries = summarize(grid, METRIC, ["x"], uri=records)
             steps += sum(s.steps * search.seeds for s in summaries)
             world = World(np.random.default_rng([seed, rep, 10_000]), sd)
@@ -430,5 +486,9 @@ def tune_figures(sweeps: int, sd: float = 0.04, seed: int = 0) -> dict:
             confirmed += said == "better"
             false += said == "false"
     ray.shutdown()
-    return {"sweeps": sweeps, "better_confirmed": confirmed / sweeps, "false_verdict": false / sweeps,
-            "trial_steps": steps / sweeps}
+    return {
+        "sweeps": sweeps,
+        "better_confirmed": confirmed / sweeps,
+        "false_verdict": false / sweeps,
+        "trial_steps": steps / sweeps,
+    }

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from trainables.config import TrialConfig
 from trainables.data.models import resolve_model_path
-from trainables.tasks import encode_prompt, train_problems
 from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.tasks import encode_prompt, train_problems
 
 
 def workload(cfg: TrialConfig) -> tuple[str, list[list[int]], int, dict[str, SamplingSpec]]:
@@ -55,7 +55,7 @@ def interleaved(measures: dict, repeats: int) -> dict[str, list[float]]:
     caches (and forms groups) and is dropped."""
     samples: dict[str, list[float]] = {name: [] for name in measures}
     for round_ in range(repeats + 1):
-        for name in list(measures)[::-1 if round_ % 2 else 1]:
+        for name in list(measures)[:: -1 if round_ % 2 else 1]:
             value = measures[name](round_)
             if round_:
                 samples[name].append(value)
@@ -69,21 +69,29 @@ def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float:
     rounds than a median does."""
     middle = sorted(x / y for x, y in zip(samples[a], samples[b]))
     cut = len(middle) // 4
-    return statistics.fmean(middle[cut:len(middle) - cut])
+    return statistics.fmean(middle[cut : len(middle) - cut])
 
 
 def side_by_side(variants: dict, prompts, n, repeats: int, per: str) -> dict[str, list[float]]:
     """Seconds per token of each variant {name: (generate, spec)} per round, calls interleaved; every
     variant of a round samples with the same seed."""
-    return interleaved({name: lambda round_, generate=generate, spec=spec: seconds_per_token(
-        generate, prompts, n, replace(spec, seed=spec.seed + round_), per)
-        for name, (generate, spec) in variants.items()}, repeats)
+    return interleaved(
+        {
+            name: lambda round_, generate=generate, spec=spec: seconds_per_token(
+                generate, prompts, n, replace(spec, seed=spec.seed + round_), per
+            )
+            for name, (generate, spec) in variants.items()
+        },
+        repeats,
+    )
 
 
 def ratios(per_token: dict[str, list[float]]) -> dict:
-    return {"ead_over_fixed": paired_ratio(per_token, "ead_t1", "fixed"),
-            "ead_recipe_over_fixed": paired_ratio(per_token, "ead", "fixed"),
-            "seconds_per_token": per_token}
+    return {
+        "ead_over_fixed": paired_ratio(per_token, "ead_t1", "fixed"),
+        "ead_recipe_over_fixed": paired_ratio(per_token, "ead", "fixed"),
+        "seconds_per_token": per_token,
+    }
 
 
 def hf_figures(cfg: TrialConfig, repeats: int) -> dict:
@@ -107,21 +115,31 @@ def hf_figures(cfg: TrialConfig, repeats: int) -> dict:
         def remote(p, k, spec):
             return ray.get(service.generate.remote(p, k, spec))
 
-        per_token = side_by_side({name: (engine.generate, spec) for name, spec in specs.items()},
-                                 prompts, n, repeats, per="step")
+        per_token = side_by_side(
+            {name: (engine.generate, spec) for name, spec in specs.items()}, prompts, n, repeats, per="step"
+        )
         # A pair of its own, in alternating order: each side starts as often with its own caches warm
         # as with the other's (the tiny model fits in them; after the direct variants' calls in a row
         # the service would start cold every time). Twice the rounds: the noisiest row.
-        served = side_by_side({"direct": (engine.generate, specs["ead"]), "service": (remote, specs["ead"])},
-                              prompts, n, 2 * repeats, per="step")
+        served = side_by_side(
+            {"direct": (engine.generate, specs["ead"]), "service": (remote, specs["ead"])},
+            prompts,
+            n,
+            2 * repeats,
+            per="step",
+        )
         push = push_seconds(service, engine.model.state_dict(), cfg.rollout, repeats)
     finally:
         ray.kill(service)
-    return {**ratios(per_token),
-            # throughput ratio = inverse time ratio
-            "service_over_direct": paired_ratio(served, "direct", "service"), "threads": threads,
-            "seconds_per_token_served": served, "push_seconds": push,
-            "gloo_over_object_store": paired_ratio(push, "gloo", "object_store")}
+    return {
+        **ratios(per_token),
+        # throughput ratio = inverse time ratio
+        "service_over_direct": paired_ratio(served, "direct", "service"),
+        "threads": threads,
+        "seconds_per_token_served": served,
+        "push_seconds": push,
+        "gloo_over_object_store": paired_ratio(push, "gloo", "object_store"),
+    }
 
 
 def push_seconds(service, state: dict, rollout_cfg, repeats: int) -> dict[str, list[float]]:
@@ -136,6 +154,7 @@ def push_seconds(service, state: dict, rollout_cfg, repeats: int) -> dict[str, l
             start = time.perf_counter()
             push(state, round_ + 1)
             return time.perf_counter() - start
+
         return measure
 
     return interleaved({transfer: timed(transfer) for transfer in ("object_store", "gloo")}, repeats)
@@ -159,5 +178,6 @@ def vllm_figures(cfg: TrialConfig, repeats: int) -> dict | str:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     model_path, prompts, n, specs = workload(cfg)
     engine = make_engine(cfg.rollout.model_copy(update={"backend": "vllm"}), model_path)
-    return ratios(side_by_side({name: (engine.generate, spec) for name, spec in specs.items()},
-                               prompts, n, repeats, per="token"))
+    return ratios(
+        side_by_side({name: (engine.generate, spec) for name, spec in specs.items()}, prompts, n, repeats, per="token")
+    )

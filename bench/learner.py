@@ -47,8 +47,15 @@ def _learner(model_path: str, trial: dict):
     from trainables.learner import Learner
     from trainables.rollout.weight_sync import free_port
 
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(free_port("127.0.0.1"))})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port("127.0.0.1")),
+        }
+    )
     return Learner(model_path, TrialConfig.model_validate(trial), world_size=1)
 
 
@@ -89,9 +96,9 @@ def measure_speed(spec: dict) -> dict:
     import torch
 
     from trainables.config import DecodingConfig
-    from trainables.tasks import encode_prompt, train_problems
     from trainables.learner import build_train_batch
     from trainables.rollout.hf import HFEngine
+    from trainables.tasks import encode_prompt, train_problems
 
     learner = _learner(spec["model"], spec["trial"])
     cfg = learner.cfg
@@ -105,7 +112,7 @@ def measure_speed(spec: dict) -> dict:
     _one_step(learner, batch)  # warm-up
     for round_ in range(spec["rounds"]):
         seconds = {}
-        for mode in (("full", "chunked") if round_ % 2 else ("chunked", "full")):  # alternating order
+        for mode in ("full", "chunked") if round_ % 2 else ("chunked", "full"):  # alternating order
             learner.cfg.learner.logits_chunk_tokens = None if mode == "full" else chunk
             seconds[mode] = _one_step(learner, batch)
         ratios.append(seconds["full"] / seconds["chunked"])  # tokens/s chunked over full: same tokens
@@ -149,8 +156,12 @@ def measure_push(spec: dict) -> dict:
 
 
 def _run(kind: str, spec: dict) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.learner", kind, json.dumps(spec)], capture_output=True,
-                         text=True, env={**os.environ, **MALLOC_ENV})
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.learner", kind, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **MALLOC_ENV},
+    )
     if out.returncode:
         raise SystemExit(f"bench: the learner's {kind} measurement failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -160,9 +171,16 @@ def _wide_vocab_model(folder: str) -> str:
     """A 2-layer Qwen2 body with Qwen2.5's vocabulary, so that the logits dominate (random weights)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=128, num_hidden_layers=2, intermediate_size=384, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=QWEN25_VOCAB, tie_word_embeddings=True,
-                         max_position_embeddings=2048)
+    config = Qwen2Config(
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=384,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=QWEN25_VOCAB,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    )
     Qwen2ForCausalLM(config).save_pretrained(folder)
     return folder
 
@@ -172,9 +190,16 @@ def _deep_model(folder: str) -> str:
     forced large by the embedding."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=512, num_hidden_layers=24, intermediate_size=1536, num_attention_heads=8,
-                         num_key_value_heads=4, vocab_size=4096, tie_word_embeddings=True,
-                         max_position_embeddings=2048)
+    config = Qwen2Config(
+        hidden_size=512,
+        num_hidden_layers=24,
+        intermediate_size=1536,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=4096,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    )
     Qwen2ForCausalLM(config).save_pretrained(folder)
     return folder
 
@@ -185,8 +210,10 @@ def push_figures(cfg) -> dict:
     trial["learner"] |= {"num_workers": 1, "zero_stage": 3}
     with tempfile.TemporaryDirectory() as folder:
         model = _deep_model(folder)
-        figures = {name: _run("push", {"model": model, "trial": trial, "bucket_bytes": 4 * 2**20, "whole": whole})
-                   for name, whole in (("buckets", False), ("whole", True))}
+        figures = {
+            name: _run("push", {"model": model, "trial": trial, "bucket_bytes": 4 * 2**20, "whole": whole})
+            for name, whole in (("buckets", False), ("whole", True))
+        }
     for figure in figures.values():
         figure["extra_over_model"] = figure["extra_bytes"] / figure["model_bytes"]
     return figures
@@ -209,7 +236,9 @@ def learner_figures(cfg, quick: bool, tiny_model: str) -> dict:
         # response is what each token keeps (activations, a few floats), not the chunk filling up.
         for name, chunk in (("full", None), ("chunked", MEMORY_CHUNK)):
             trial = {**base, "learner": {**base["learner"], "logits_chunk_tokens": chunk, "micro_batch_size": 2}}
-            peaks = {t: _run("memory", {"model": model, "trial": trial, "response": t})["peak_bytes"] for t in (512, 1024)}
+            peaks = {
+                t: _run("memory", {"model": model, "trial": trial, "response": t})["peak_bytes"] for t in (512, 1024)
+            }
             per_token = (peaks[1024] - peaks[512]) / (2 * 512)  # 2 sequences, 512 more tokens each
             figures[name] = {"peaks": peaks, "per_token_over_logits_row": per_token / (4 * QWEN25_VOCAB)}
     speed = _run("speed", {"model": tiny_model, "trial": base, "rounds": 4 if quick else 12})

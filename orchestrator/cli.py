@@ -31,24 +31,40 @@ class later:  # noqa: N801 - used as a module
 
 def parser(prog: str, doc: str, kind: str, example: str, count: str) -> argparse.ArgumentParser:
     """The command line a sweep and a study share; `count` is the flag for how many run at once."""
-    p = argparse.ArgumentParser(prog=prog, description=doc.strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog, description=doc.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("spec", help=f"experiment spec with a {kind}: section, e.g. {example}")
     p.add_argument("--name", help=f"{'sweep' if kind == 'search' else kind} name (default: the spec's name)")
     p.add_argument("--storage", help="folder or URI holding it (default: the spec's storage)")
     p.add_argument("--max-concurrent", type=int, help=f"{count} at once (default: the spec's)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite inside the storage)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a base trial field, e.g. --set learner.steps=10 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a base trial field, e.g. --set learner.steps=10 (repeatable)",
+    )
     p.add_argument("--dry-run", action="store_true", help="check the spec and print what would run; start nothing")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
-                   "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote")
-    p.add_argument("--trust-unsealed", action="store_true",
-                   help="with --resume: let its trials resume from checkpoints that carry no valid seal of yours "
-                   "(written before seals, or by a colleague under another key); only for folders you trust")
-    p.add_argument("--force", action="store_true", help="with --resume: continue even if the spec's settings differ "
-                   "from the ones it started with")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
+        "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote",
+    )
+    p.add_argument(
+        "--trust-unsealed",
+        action="store_true",
+        help="with --resume: let its trials resume from checkpoints that carry no valid seal of yours "
+        "(written before seals, or by a colleague under another key); only for folders you trust",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: continue even if the spec's settings differ from the ones it started with",
+    )
     return p
 
 
@@ -56,8 +72,11 @@ def cli(run, parser_: argparse.ArgumentParser, argv: list[str] | None) -> int:
     """Parse, run, and turn bad input into one line and exit code 2."""
     args = parser_.parse_args(argv)
     try:
-        for flag, most in (("max_concurrent", MAX_CONFIGURATIONS), ("seeds", MAX_SEEDS_PER_CONFIG),
-                           ("num_samples", MAX_CONFIGURATIONS)):
+        for flag, most in (
+            ("max_concurrent", MAX_CONFIGURATIONS),
+            ("seeds", MAX_SEEDS_PER_CONFIG),
+            ("num_samples", MAX_CONFIGURATIONS),
+        ):
             if getattr(args, flag, None) is not None and not 1 <= getattr(args, flag) <= most:
                 raise SpecError(f"--{flag.replace('_', '-')} must be between 1 and {most} (got {getattr(args, flag)})")
         return run(args.spec, args)

@@ -33,8 +33,10 @@ def short_params(params: dict[str, Any]) -> dict[str, str]:
     one where two share it), numbers to 3 significant digits (also those MLflow hands back as text): run
     names, tag columns and table headers a reader can scan."""
     last = [k.rsplit(".", 1)[-1] for k in params]
-    return {(short if last.count(short) == 1 else key): short_value(value)
-            for (key, value), short in zip(params.items(), last)}
+    return {
+        (short if last.count(short) == 1 else key): short_value(value)
+        for (key, value), short in zip(params.items(), last)
+    }
 
 
 def short_value(value: Any) -> str:

@@ -59,8 +59,7 @@ def t_bounds(diffs: Sequence[float], alpha: float) -> tuple[float, float, float]
     return interval.mean, interval.low, interval.high
 
 
-def paired_verdict(diffs: Sequence[float], alpha: float = ALPHA, margin: float | None = None,
-                   mode: str = "max") -> str:
+def paired_verdict(diffs: Sequence[float], alpha: float = ALPHA, margin: float | None = None, mode: str = "max") -> str:
     """better / worse: the 1 - α interval excludes 0 in the objective's direction; equivalent: TOST at α,
     the 1 - 2α interval inside (-margin, margin); otherwise inconclusive. One difference measures no
     seed spread: inconclusive."""
@@ -91,8 +90,14 @@ class Look:
     last: bool
 
 
-def confirm_step(diffs: Sequence[float], counts: Sequence[int], alpha: float = ALPHA,
-                 margin: float | None = None, mode: str = "max", spending: str = "obrien-fleming") -> Look:
+def confirm_step(
+    diffs: Sequence[float],
+    counts: Sequence[int],
+    alpha: float = ALPHA,
+    margin: float | None = None,
+    mode: str = "max",
+    spending: str = "obrien-fleming",
+) -> Look:
     """The decision at the look whose seed count is len(diffs) (one of `counts`)."""
     n = len(diffs)
     if n not in counts:
@@ -114,8 +119,9 @@ def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
     return math.sqrt(squares / df), df
 
 
-def prune(candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level: float = 0.95,
-          mode: str = "max") -> bool:
+def prune(
+    candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level: float = 0.95, mode: str = "max"
+) -> bool:
     """Stop `candidate` (its per-seed values at the rung) when its upper bound lies below the best lower
     bound among `rung` (the other configurations that reached the rung): mean ± t_{df} · s_p / √n,
     s_p the seed SD pooled over them and the candidate. Unmeasured noise (one seed each): never."""
@@ -123,8 +129,9 @@ def prune(candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level
     return bounds is not None and bounds[0] < bounds[1]
 
 
-def prune_bounds(candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level: float = 0.95,
-                 mode: str = "max") -> tuple[float, float] | None:
+def prune_bounds(
+    candidate: Sequence[float], rung: Mapping[str, Sequence[float]], level: float = 0.95, mode: str = "max"
+) -> tuple[float, float] | None:
     """(the candidate's bound nearest the best, the rung's best far bound), in the objective's sign
     (× -1 for mode min): what `prune` compares; None where the noise is unmeasured."""
     groups = [list(v) for v in rung.values()] + [list(candidate)]
@@ -180,8 +187,15 @@ class Confirmation:
         return [a - b for a, b in zip(self.winner, self.baseline)]
 
 
-def confirm(train, first_seed: int, counts: Sequence[int], alpha: float = ALPHA, margin: float | None = None,
-            mode: str = "max", spending: str = "obrien-fleming") -> Confirmation:
+def confirm(
+    train,
+    first_seed: int,
+    counts: Sequence[int],
+    alpha: float = ALPHA,
+    margin: float | None = None,
+    mode: str = "max",
+    spending: str = "obrien-fleming",
+) -> Confirmation:
     """Add seed pairs look by look until a look decides or the last look is reached. `train(seeds)`
     returns (the winner's values, the baseline's values) on those new seeds, in their order."""
     seeds: list[int] = []
@@ -210,8 +224,9 @@ def tost_p(diffs: Sequence[float], margin: float) -> float:
     return float(max(stats.t.sf((mean + margin) / se, n - 1), stats.t.cdf((mean - margin) / se, n - 1)))
 
 
-def family_verdicts(diffs: Mapping[str, Sequence[float]], alpha: float = ALPHA, margin: float | None = None,
-                    mode: str = "max") -> dict[str, dict[str, float | str]]:
+def family_verdicts(
+    diffs: Mapping[str, Sequence[float]], alpha: float = ALPHA, margin: float | None = None, mode: str = "max"
+) -> dict[str, dict[str, float | str]]:
     """Each arm's verdict against the reference on the primary metric, Holm-adjusted over the arms:
     better / worse when its adjusted paired-t p-value is below α, equivalent when its adjusted TOST
     p-value is (with a margin), else inconclusive. Family-wise error <= α for each kind of claim."""

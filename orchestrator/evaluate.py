@@ -31,17 +31,17 @@ from pydantic import BaseModel
 from rich.progress import Progress
 from rich.table import Table
 
-from orchestrator.console import console, number_table
-from orchestrator.spec import MAX_SEEDS_PER_CONFIG, SpecError, load_trial_spec
-from orchestrator.inputs import check_model_folder, check_tracking_uri
 from orchestrator.cli import later
+from orchestrator.console import console, number_table
+from orchestrator.inputs import check_model_folder, check_tracking_uri
+from orchestrator.spec import MAX_SEEDS_PER_CONFIG, SpecError, load_trial_spec
 from trainables.config import MAX_SAMPLES, DecodingConfig, EADConfig, ModelConfig, Name, PromptConfig, TrialConfig
 from trainables.data.benchmarks import BENCHMARK_NAMES, BUILTIN, BenchmarkError, BenchmarkProblem, check_name
+from trainables.data.prompts import TEMPLATES
+from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 from trainables.names import MODEL_PRESETS
 from trainables.runtime.seal import seal_key
-from trainables.data.prompts import TEMPLATES
 from trainables.tasks import encode_prompt, load_benchmarks
-from trainables.evaluation import ANSWER_FORMATS, judge, macro_row, metric_key, summarize
 
 # MLflow, torch and the model's libraries load once the arguments have passed their checks.
 tracking, checkpoint = later("orchestrator.tracking"), later("trainables.runtime.checkpoint")
@@ -63,16 +63,20 @@ def decodings(args) -> list[Decoding]:
             tau_max, tau_min, d = (float(x) for x in args.ead.split(","))
             ead = EADConfig(tau_max=tau_max, tau_min=tau_min, d0=d)
         except ValueError as e:
-            raise SpecError(f"--ead: expected TAU_MAX,TAU_MIN,D with 0 < TAU_MIN <= TAU_MAX and D > 0 "
-                            f"(got {args.ead!r}: {str(e).splitlines()[0]})") from None
+            raise SpecError(
+                f"--ead: expected TAU_MAX,TAU_MIN,D with 0 < TAU_MIN <= TAU_MAX and D > 0 "
+                f"(got {args.ead!r}: {str(e).splitlines()[0]})"
+            ) from None
         return [Decoding(f"ead-{tau_max:g}-{tau_min:g}-{d:g}", DecodingConfig(schedule="ead", ead=ead))]
     if args.temperatures:
         try:
             start, stop, step = (float(x) for x in args.temperatures.split(":"))
             assert all(map(math.isfinite, (start, stop, step))) and 0 < start <= stop and step > 0
         except (ValueError, AssertionError):
-            raise SpecError(f"--temperatures: expected START:STOP:STEP with 0 < START <= STOP and STEP > 0 "
-                            f"(got {args.temperatures!r})") from None
+            raise SpecError(
+                f"--temperatures: expected START:STOP:STEP with 0 < START <= STOP and STEP > 0 "
+                f"(got {args.temperatures!r})"
+            ) from None
         if (count := math.floor((stop - start) / step) + 1) > MAX_DECODINGS:
             raise SpecError(f"--temperatures: {args.temperatures} makes {count} temperatures; at most {MAX_DECODINGS}")
         temps = np.round(np.arange(start, stop + step / 2, step), 6)
@@ -91,7 +95,7 @@ def fixed(temperature: float) -> Decoding:
 
 
 def parse_benchmarks(text: str, limit: int | None, cfg: TrialConfig) -> dict[str, list[BenchmarkProblem]]:
-    """"aime24=/data/aime24.parquet,arithmetic" -> {name: problems}; skipped rows are printed."""
+    """ "aime24=/data/aime24.parquet,arithmetic" -> {name: problems}; skipped rows are printed."""
     files = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, path = item.partition("=")
@@ -166,8 +170,10 @@ def resolve_policy(target: Path, cache_dir: str, seed_index: int = 0, trust: boo
     if not target.exists() and target.name in MODEL_PRESETS:
         return models.resolve_model_path(ModelConfig(preset=target.name), cache_dir), None
     if not (target / "checkpoint_manager_snapshot.json").is_file():
-        raise SpecError(f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json), "
-                        f"a trial folder (checkpoint_manager_snapshot.json) nor a preset ({', '.join(MODEL_PRESETS)})")
+        raise SpecError(
+            f"MODEL_OR_TRIAL: {target} is neither a Hugging Face model folder (config.json), "
+            f"a trial folder (checkpoint_manager_snapshot.json) nor a preset ({', '.join(MODEL_PRESETS)})"
+        )
     from trainables.export import export_policy
 
     def export(folder: Path) -> tuple[Path, dict]:
@@ -184,19 +190,33 @@ def resolve_policy(target: Path, cache_dir: str, seed_index: int = 0, trust: boo
         return exported, trial_state.trial
 
     seen: list[str] = []
-    found = checkpoint.first_intact(((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
-                                    lambda _, folder: checkpoint.saved_world_size(folder) or 1, export,
-                                    lambda folder, problem: unusable(folder, problem, seen),
-                                    None if trust else seal_key())
+    found = checkpoint.first_intact(
+        ((str(target / n), nullcontext(target / n)) for n in trial_checkpoints(target)),
+        lambda _, folder: checkpoint.saved_world_size(folder) or 1,
+        export,
+        lambda folder, problem: unusable(folder, problem, seen),
+        None if trust else seal_key(),
+    )
     if found is None:
         latest = f"; the latest, {seen[0]}" if seen else " (it lists none)"
         raise SpecError(f"MODEL_OR_TRIAL: no intact checkpoint in {target}{latest}")
     return found[1]
 
 
-def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Decoding, *, samples: int,
-             max_new_tokens: int, seed: int, answer_format: str, prompt: PromptConfig, progress: Progress,
-             title: str) -> tuple[dict[str, float], list[dict]]:
+def evaluate(
+    service,
+    tokenizer,
+    problems: list[BenchmarkProblem],
+    decoding: Decoding,
+    *,
+    samples: int,
+    max_new_tokens: int,
+    seed: int,
+    answer_format: str,
+    prompt: PromptConfig,
+    progress: Progress,
+    title: str,
+) -> tuple[dict[str, float], list[dict]]:
     """One benchmark under one decoding: its summary row and per-problem results."""
     import ray
 
@@ -208,8 +228,16 @@ def evaluate(service, tokenizer, problems: list[BenchmarkProblem], decoding: Dec
         for i, problem in enumerate(chunk):
             texts = [prompt.completion(text) for text in batch.texts[i * samples : (i + 1) * samples]]
             correct, answers = judge(texts, problem.answer, bool(problem.choices), answer_format)
-            rows.append({"uid": problem.uid, "question": problem.question, "gold": problem.answer,
-                         "answers": answers, "correct": correct, "responses": texts})
+            rows.append(
+                {
+                    "uid": problem.uid,
+                    "question": problem.question,
+                    "gold": problem.answer,
+                    "answers": answers,
+                    "correct": correct,
+                    "responses": texts,
+                }
+            )
         progress.advance(task, len(chunk))
     summary = summarize([r["correct"] for r in rows], [r["answers"] for r in rows], [r["gold"] for r in rows])
     return summary, rows
@@ -224,8 +252,15 @@ def results_table(results: dict[str, dict[str, dict[str, float]]]) -> Table:
     return table
 
 
-def evaluate_all(cfg: TrialConfig, model_path: Path, modes: list[Decoding], benchmarks: dict, args,
-                 max_new_tokens: int, prompt: PromptConfig) -> tuple[dict, dict]:
+def evaluate_all(
+    cfg: TrialConfig,
+    model_path: Path,
+    modes: list[Decoding],
+    benchmarks: dict,
+    args,
+    max_new_tokens: int,
+    prompt: PromptConfig,
+) -> tuple[dict, dict]:
     """Every benchmark under every decoding on one rollout engine: ({decoding: {benchmark: row}} with a
     macro row over several benchmarks, {decoding: {benchmark: per-problem results}})."""
     import ray
@@ -244,10 +279,19 @@ def evaluate_all(cfg: TrialConfig, model_path: Path, modes: list[Decoding], benc
             for mode in modes:
                 results[mode.label], per_problem[mode.label] = {}, {}
                 for name, problems in benchmarks.items():
-                    row, rows = evaluate(service, tokenizer, problems, mode, samples=args.samples,
-                                         max_new_tokens=max_new_tokens, seed=args.seed,
-                                         answer_format=args.answer_format, prompt=prompt, progress=progress,
-                                         title=f"{mode.label} {name} ({len(problems)} problems x {args.samples})")
+                    row, rows = evaluate(
+                        service,
+                        tokenizer,
+                        problems,
+                        mode,
+                        samples=args.samples,
+                        max_new_tokens=max_new_tokens,
+                        seed=args.seed,
+                        answer_format=args.answer_format,
+                        prompt=prompt,
+                        progress=progress,
+                        title=f"{mode.label} {name} ({len(problems)} problems x {args.samples})",
+                    )
                     results[mode.label][name], per_problem[mode.label][name] = row, rows
                 if len(benchmarks) > 1:
                     results[mode.label]["macro"] = macro_row(results[mode.label])
@@ -269,9 +313,18 @@ def run(args) -> dict:
 
     results, per_problem = evaluate_all(cfg, model_path, modes, benchmarks, args, max_new_tokens, prompt)
     console.print(results_table(results))
-    record = {"model": str(model_path), "target": str(target), "samples": args.samples, "seed": args.seed,
-              "answer_format": args.answer_format, "template": prompt.template, "prefill": prompt.prefill,
-              "max_new_tokens": max_new_tokens, "results": results, "problems": per_problem}
+    record = {
+        "model": str(model_path),
+        "target": str(target),
+        "samples": args.samples,
+        "seed": args.seed,
+        "answer_format": args.answer_format,
+        "template": prompt.template,
+        "prefill": prompt.prefill,
+        "max_new_tokens": max_new_tokens,
+        "results": results,
+        "problems": per_problem,
+    }
     out = Path(args.out) if args.out else (target / "evaluation.json" if trial_spec else Path("evaluation.json"))
     out.write_text(json.dumps(record, indent=1))
     console.print(f"per-problem results: {out}")
@@ -288,45 +341,86 @@ def log_run(args, target: Path, trial_spec: dict | None, results: dict, out: Pat
     uri = args.tracking_uri or tracking.default_tracking_uri(storage)
     tracker = tracking.Tracker(uri, logging.get("experiment", "rlvr-explore"))
     parent = tracker.find_trial_run(str(target)) if trial_spec else None
-    metrics = {f"eval/{label}/{bench}/{metric_key(key)}": value for label, per in results.items()
-               for bench, row in per.items() for key, value in row.items()}
-    params = {"model": record["model"], "benchmarks": args.benchmarks, "samples": args.samples,
-              "answer_format": args.answer_format, "template": record["template"],
-              "decodings": ",".join(results), "seed": args.seed, "max_new_tokens": record["max_new_tokens"]}
-    run_id = tracker.log_evaluation(f"eval-{target.name}", params=params, metrics=metrics, artifact=out,
-                                    parent_run_id=parent)
+    metrics = {
+        f"eval/{label}/{bench}/{metric_key(key)}": value
+        for label, per in results.items()
+        for bench, row in per.items()
+        for key, value in row.items()
+    }
+    params = {
+        "model": record["model"],
+        "benchmarks": args.benchmarks,
+        "samples": args.samples,
+        "answer_format": args.answer_format,
+        "template": record["template"],
+        "decodings": ",".join(results),
+        "seed": args.seed,
+        "max_new_tokens": record["max_new_tokens"],
+    }
+    run_id = tracker.log_evaluation(
+        f"eval-{target.name}", params=params, metrics=metrics, artifact=out, parent_run_id=parent
+    )
     if run_id:
         console.print(f"MLflow run {run_id} in {uri}")
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_or_trial", help="a Hugging Face model folder, a trial folder <storage>/<name>, "
-                        "or a model preset (" + ", ".join(MODEL_PRESETS) + ")")
-    parser.add_argument("--benchmarks", default=BUILTIN,
-                        help="comma-separated NAME=FILE (or arithmetic); names: " + ", ".join(BENCHMARK_NAMES))
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.evaluate",
+        description=__doc__.strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "model_or_trial",
+        help="a Hugging Face model folder, a trial folder <storage>/<name>, "
+        "or a model preset (" + ", ".join(MODEL_PRESETS) + ")",
+    )
+    parser.add_argument(
+        "--benchmarks",
+        default=BUILTIN,
+        help="comma-separated NAME=FILE (or arithmetic); names: " + ", ".join(BENCHMARK_NAMES),
+    )
     parser.add_argument("--samples", type=int, default=8, help="samples per problem (K)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--temperature", type=float, default=0.6, help="fixed sampling temperature")
     mode.add_argument("--ead", help="EAD at inference: TAU_MAX,TAU_MIN,D (e.g. 1.2,0.1,25)")
     mode.add_argument("--temperatures", help="a range of fixed temperatures, START:STOP:STEP (e.g. 0.1:1.0:0.1)")
-    parser.add_argument("--answer-format", choices=ANSWER_FORMATS, default="think",
-                        help="think: the trained format (<think>...</think> then \\boxed{}); boxed: the last box "
-                        "anywhere; last_number: the box, else the last number (chat models that rarely box)")
-    parser.add_argument("--template", choices=sorted(TEMPLATES),
-                        help="prompt template (default: the trial's, else the spec's; none: no system prompt)")
+    parser.add_argument(
+        "--answer-format",
+        choices=ANSWER_FORMATS,
+        default="think",
+        help="think: the trained format (<think>...</think> then \\boxed{}); boxed: the last box "
+        "anywhere; last_number: the box, else the last number (chat models that rarely box)",
+    )
+    parser.add_argument(
+        "--template",
+        choices=sorted(TEMPLATES),
+        help="prompt template (default: the trial's, else the spec's; none: no system prompt)",
+    )
     parser.add_argument("--spec", help="take the task (for arithmetic), rollout settings and cache from this spec")
     parser.add_argument("--max-new-tokens", type=int, help="response cap (default: the spec's)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--trust-unsealed", action="store_true", help="take a checkpoint this product did not "
-                        "seal (one from before seals, or a colleague's); only for checkpoints you trust")
-    parser.add_argument("--seed-index", type=int, default=0, help="a configuration's folder of a sweep (several "
-                        "seeds in one run): which seed's policy, 0-based (default 0)")
-    parser.add_argument("--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sqlite store beside the trial "
-                        "folder; a tracking URI named in the trial's own files is never used)")
+    parser.add_argument(
+        "--trust-unsealed",
+        action="store_true",
+        help="take a checkpoint this product did not "
+        "seal (one from before seals, or a colleague's); only for checkpoints you trust",
+    )
+    parser.add_argument(
+        "--seed-index",
+        type=int,
+        default=0,
+        help="a configuration's folder of a sweep (several seeds in one run): which seed's policy, 0-based (default 0)",
+    )
+    parser.add_argument(
+        "--out", help="JSON of all per-problem results (default: next to the trial, or ./evaluation.json)"
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: the sqlite store beside the trial "
+        "folder; a tracking URI named in the trial's own files is never used)",
+    )
     return parser
 
 

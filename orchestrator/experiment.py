@@ -20,8 +20,8 @@ from ray.tune import Callback
 
 from orchestrator.console import console, short_params
 from orchestrator.inputs import check_folder_path, check_name, check_tracking_uri
-from orchestrator.lease import Lease
 from orchestrator.launch import claim_folder, logical_cpus, run_folder, start_cluster
+from orchestrator.lease import Lease
 from orchestrator.pool import close_pool, release_runs, start_pool
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.scheduler import pruned_record
@@ -55,12 +55,14 @@ def close_pools() -> None:
 
 def closes_pools(run: Callable[..., int]) -> Callable[..., int]:
     """A command's `run`: the rollout pools of the experiments it started stop when it returns or raises."""
+
     @functools.wraps(run)
     def wrapped(*args, **kwargs) -> int:
         try:
             return run(*args, **kwargs)
         finally:
             close_pools()
+
     return wrapped
 
 
@@ -81,9 +83,21 @@ class Experiment:
     started: float = field(default_factory=time.perf_counter)
 
 
-def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking_uri: str | None, spec: str,
-          params: dict, resume: bool, force: bool = False, trust_unsealed: bool = False, seeds: int,
-          cpus_per_trial: int) -> Experiment:
+def start(
+    kind: str,
+    name: str,
+    storage: str,
+    base_cfg: TrialConfig,
+    *,
+    tracking_uri: str | None,
+    spec: str,
+    params: dict,
+    resume: bool,
+    force: bool = False,
+    trust_unsealed: bool = False,
+    seeds: int,
+    cpus_per_trial: int,
+) -> Experiment:
     """Check the name is free (or resumable), open the parent MLflow run, start Ray, arm SIGTERM."""
     check_name(name, "name")
     check_folder_path(storage, "storage")
@@ -96,18 +110,27 @@ def start(kind: str, name: str, storage: str, base_cfg: TrialConfig, *, tracking
     folder = Path(uri) if "://" not in storage else Path(".cache") / f"{kind}s" / name
     tracking_uri = tracking_uri or base_cfg.logging.tracking_uri
     if tracking_uri is None and "://" in storage:
-        raise SpecError(f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
-                        f"http://HOST:5000 (the default sqlite store is a local file)")
+        raise SpecError(
+            f"--tracking-uri is needed with a storage URI ({storage}): an MLflow server such as "
+            f"http://HOST:5000 (the default sqlite store is a local file)"
+        )
     tracking_uri = tracking_uri or default_tracking_uri(storage)
     check_resumable(uri, name, resume)
-    lease = claim_folder(f"{kind} {name!r} in {storage}", storage, name,
-                         {"trial": base_cfg.model_dump(mode="json"), kind: params}, resume=resume, force=force)
+    lease = claim_folder(
+        f"{kind} {name!r} in {storage}",
+        storage,
+        name,
+        {"trial": base_cfg.model_dump(mode="json"), kind: params},
+        resume=resume,
+        force=force,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     if "://" in storage and resume:
         fetch_study(folder, uri)
     resolve_model_path(base_cfg.model, base_cfg.cache_dir)  # build once, here
-    tracker, stop = start_cluster(storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri,
-                                  experiment=base_cfg.logging.experiment)
+    tracker, stop = start_cluster(
+        storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri, experiment=base_cfg.logging.experiment
+    )
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
     exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, trust_unsealed, pool=start_pool())
     STARTED.append(exp)
@@ -165,8 +188,9 @@ class TrialStates(Callback):
     still updates this module's `RUNNING`.
     """
 
-    def __init__(self, tracker: Tracker, sweep: str, seeds: list[int], metric: str,
-                 study: tuple[Path, str] | None = None):
+    def __init__(
+        self, tracker: Tracker, sweep: str, seeds: list[int], metric: str, study: tuple[Path, str] | None = None
+    ):
         self.tracker, self.sweep, self.seeds, self.metric = tracker, sweep, seeds, metric
         self.study = study  # (local folder, bucket URI): the Optuna study copied after every trial
 
@@ -187,7 +211,9 @@ class TrialStates(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if result.get(VAL_STEP) == result.get("progress/step"):  # a validation step
-            self._say(trial, f"step {result['progress/step']}/{result.get(HORIZON_KEY, '?')}: {self._objective(result)}")
+            self._say(
+                trial, f"step {result['progress/step']}/{result.get(HORIZON_KEY, '?')}: {self._objective(result)}"
+            )
 
     def _close(self, trial, state: str, description: str | None = None) -> None:
         RUNNING.discard(trial.trial_id)
@@ -200,13 +226,22 @@ class TrialStates(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
         uri = self.study[1] if getattr(self, "study", None) else None
-        state, pruned, _ = ended(result, uri, trial.trial_id,
-                                 lambda config: self.tracker.config_seeds(self.sweep, config, self.metric))
+        state, pruned, _ = ended(
+            result, uri, trial.trial_id, lambda config: self.tracker.config_seeds(self.sweep, config, self.metric)
+        )
         why = (pruned_record(uri, trial.trial_id) or (None, ""))[1] if state == "pruned" else ""
-        self._close(trial, state, f"Pruned at step {pruned}: {why or 'the scheduler stopped it'}. Its metrics end "
-                                  f"where it was judged." if state == "pruned" else None)
-        said = {"finished": "finished", "pruned": f"pruned by the scheduler at step {pruned}",
-                "errored": "ended short of its last step with no scheduler decision"}[state]
+        self._close(
+            trial,
+            state,
+            f"Pruned at step {pruned}: {why or 'the scheduler stopped it'}. Its metrics end where it was judged."
+            if state == "pruned"
+            else None,
+        )
+        said = {
+            "finished": "finished",
+            "pruned": f"pruned by the scheduler at step {pruned}",
+            "errored": "ended short of its last step with no scheduler decision",
+        }[state]
         objective = self._objective(result)
         self._say(trial, f"{said}: {objective}" if objective else said)
 
@@ -222,8 +257,9 @@ def check_resumable(uri: str, name: str, resume: bool) -> None:
     if resume and not exists:
         raise SpecError(f"--resume: nothing named {name!r} to resume in {uri}")
     if exists and not resume:
-        raise SpecError(f"--name: {name!r} already exists in {uri}; pass --resume to continue it, or --name NEW "
-                        f"for a new one")
+        raise SpecError(
+            f"--name: {name!r} already exists in {uri}; pass --resume to continue it, or --name NEW for a new one"
+        )
     if resume:
         check_state_owner(f"{uri}/tune")
 
@@ -233,21 +269,27 @@ def check_state_owner(tune_folder: str, uid: int | None = None) -> None:
     state another user wrote is refused; under a URI, where no owner can be read, the command says what it
     is about to unpickle."""
     if "://" in tune_folder:
-        console.print(f"[yellow]--resume: restoring Ray Tune's pickled state from {tune_folder}: it runs the code it "
-                      "names; resume only folders you or people you trust wrote[/yellow]", soft_wrap=True)
+        console.print(
+            f"[yellow]--resume: restoring Ray Tune's pickled state from {tune_folder}: it runs the code it "
+            "names; resume only folders you or people you trust wrote[/yellow]",
+            soft_wrap=True,
+        )
         return
     uid = os.getuid() if uid is None else uid
     foreign = sorted(p for p in Path(tune_folder).iterdir() if p.is_file() and p.stat().st_uid != uid)
     if foreign:
-        raise SpecError(f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user "
-                        f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: "
-                        "refused")
+        raise SpecError(
+            f"--resume: {tune_folder} holds Ray Tune's pickled state written by another user "
+            f"({foreign[0].name}, uid {foreign[0].stat().st_uid}); restoring it would run their code: "
+            "refused"
+        )
 
 
 def stop_when_checkpointed(exp: Experiment) -> None:
     """SIGTERM: once every running trial has checkpointed (or after STOP_GRACE_S), exit for a resume."""
-    console.print(f"SIGTERM: {len(RUNNING)} running trials checkpoint at their next step boundary, then "
-                  f"{exp.name} stops")
+    console.print(
+        f"SIGTERM: {len(RUNNING)} running trials checkpoint at their next step boundary, then {exp.name} stops"
+    )
 
     def wait_and_exit() -> None:
         deadline = time.time() + STOP_GRACE_S
@@ -256,17 +298,27 @@ def stop_when_checkpointed(exp: Experiment) -> None:
         missing = RUNNING - exp.stop.acknowledged()
         exp.tracker.finish(exp.parent, "stopped")
         exp.lease.release()  # os._exit skips atexit: a --resume right after must find the lease free
-        console.print(f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
-                      f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
-                      f"with --resume to continue", highlight=False, soft_wrap=True)
+        console.print(
+            f"stopped; {len(RUNNING) - len(missing)} trials checkpointed"
+            f"{f', {sorted(missing)} did not in time' if missing else ''}: rerun the same command "
+            f"with --resume to continue",
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.stdout.flush()
         os._exit(STOPPED_EXIT_CODE)  # the trials hold their slots until the driver (and its job) goes
 
     threading.Thread(target=wait_and_exit, daemon=True).start()
 
 
-def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[int], resume: bool,
-        param_space: dict | None = None):
+def fit(
+    exp: Experiment,
+    trainable,
+    tune_config: Callable[[], Any],
+    seeds: list[int],
+    resume: bool,
+    param_space: dict | None = None,
+):
     """Run (or with `resume` continue) the Tune experiment; its ResultGrid.
 
     `tune_config` is called only for a new experiment: a searcher built on resume would enqueue its
@@ -291,8 +343,9 @@ def fit(exp: Experiment, trainable, tune_config: Callable[[], Any], seeds: list[
         config = tune_config()
         states = TrialStates(exp.tracker, exp.name, seeds, config.metric, (exp.folder, exp.uri))
         # verbose=0: TrialStates prints a line per event, and each trial its steps.
-        run_config = tune.RunConfig(name="tune", storage_path=exp.uri, verbose=0,
-                                    callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()])
+        run_config = tune.RunConfig(
+            name="tune", storage_path=exp.uri, verbose=0, callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()]
+        )
         tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
     results = tuner.fit()
     closed()  # every trial's runs closed before the report reads them
@@ -320,7 +373,10 @@ def log_config_metrics(exp: Experiment, summaries: list, metric: str) -> None:
     for s in summaries:
         if s.interval is None:
             continue
-        values = {f"config/{metric}/mean": s.interval.mean, f"config/{metric}/ci_low": s.interval.low,
-                  f"config/{metric}/ci_high": s.interval.high}
+        values = {
+            f"config/{metric}/mean": s.interval.mean,
+            f"config/{metric}/ci_low": s.interval.low,
+            f"config/{metric}/ci_high": s.interval.high,
+        }
         values = {k: v for k, v in values.items() if v == v}  # no interval without seeds or a standard error
         exp.tracker.log_config_metrics(exp.name, s.config_id, values)

@@ -72,8 +72,14 @@ def safetensors_problem(file: Path) -> str | None:
             header = json.loads(f.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError):
             return "its header is not JSON"
-    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
-            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2]
+    ends = [
+        t["data_offsets"][1]
+        for k, t in header.items()
+        if k != "__metadata__"
+        and isinstance(t, dict)
+        and isinstance(t.get("data_offsets"), list)
+        and len(t["data_offsets"]) == 2
+    ]
     if not ends:
         return "no tensors"
     if 8 + length + max(ends) > size:
@@ -85,8 +91,9 @@ def check_model_folder(path: str, where: str, *, tokenizer: bool = True) -> None
     """A Hugging Face (or sentence-transformers) folder with a config, whole weights and a tokenizer."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise SpecError(f"{where}: {folder} is not a folder (expected a Hugging Face model folder: config.json, "
-                        "weights, tokenizer)")
+        raise SpecError(
+            f"{where}: {folder} is not a folder (expected a Hugging Face model folder: config.json, weights, tokenizer)"
+        )
     config = folder / "config.json"
     try:
         if not isinstance(json.loads(config.read_text(encoding="utf-8")), dict):

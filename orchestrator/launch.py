@@ -20,8 +20,8 @@ from orchestrator.preempt import StopRequest
 from orchestrator.spec import SpecError
 from trainables.config import TrialConfig
 from trainables.data.offline import OfflineStore
-from trainables.tasks import load_offline_store, train_problems
 from trainables.rewards.verify import score_batch
+from trainables.tasks import load_offline_store, train_problems
 from trainables.verifier import start_verifier
 
 if TYPE_CHECKING:
@@ -67,8 +67,11 @@ def trial_demand(cfg: TrialConfig) -> dict[str, float]:
     from trainables.rollout.service import engine_bundle
 
     demand: dict[str, float] = {}
-    parts = [(worker_resources(cfg), cfg.learner.num_workers), (engine_bundle(cfg.rollout), cfg.rollout.num_engines),
-             ({"CPU": cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0}, 1)]
+    parts = [
+        (worker_resources(cfg), cfg.learner.num_workers),
+        (engine_bundle(cfg.rollout), cfg.rollout.num_engines),
+        ({"CPU": cfg.encoder.num_cpus if cfg.preset.needs_embeddings else 0.0}, 1),
+    ]
     for resources, count in parts:
         for key, value in resources.items():
             demand[key] = demand.get(key, 0.0) + value * count
@@ -94,8 +97,13 @@ def trials_that_fit(cfg: TrialConfig, wanted: int) -> int:
 
 def resources_text(resources: dict[str, float]) -> str:
     """`CPU 4, GPU 2, spot 3`: the resources a person sets (not Ray's per-node and memory entries)."""
-    return ", ".join(f"{key} {value:g}" for key, value in sorted(resources.items()) if not key.startswith("node:")
-                     and not key.startswith("accelerator_type") and key not in ("memory", "object_store_memory"))
+    return ", ".join(
+        f"{key} {value:g}"
+        for key, value in sorted(resources.items())
+        if not key.startswith("node:")
+        and not key.startswith("accelerator_type")
+        and key not in ("memory", "object_store_memory")
+    )
 
 
 def init_ray(num_cpus: int) -> None:
@@ -114,8 +122,14 @@ def init_ray(num_cpus: int) -> None:
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # The dashboard serves the State API; without it Ray Train's placement-group cleaner warns
         # about it every few seconds.
-        ray.init(num_cpus=num_cpus, runtime_env={"env_vars": env}, include_dashboard=True,
-                 dashboard_host="127.0.0.1", log_to_driver=True, logging_level=logging.WARNING)
+        ray.init(
+            num_cpus=num_cpus,
+            runtime_env={"env_vars": env},
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+        )
 
 
 def run_folder(storage: str, name: str) -> str:
@@ -133,7 +147,9 @@ def claim_folder(what: str, storage: str, name: str, settings: dict, *, resume: 
     return lease
 
 
-def start_cluster(storage: str, name: str, *, cpus: int, tracking_uri: str, experiment: str) -> tuple[Tracker, StopRequest]:
+def start_cluster(
+    storage: str, name: str, *, cpus: int, tracking_uri: str, experiment: str
+) -> tuple[Tracker, StopRequest]:
     """Its second half, once the policy (and any teacher store) is ready: start (or join) Ray and check
     the storage serves every node, open the MLflow experiment, clear the stop request that ended the
     last run of this folder."""
@@ -170,9 +186,11 @@ def storage_problem(storage: str, hosts: set[str], fstype: str) -> str | None:
     only one machine sees loses them."""
     if "://" in storage or len(hosts) < 2 or fstype in SHARED_FILESYSTEMS or fstype.startswith("fuse."):
         return None
-    return (f"storage: {storage} is a folder on this machine ({fstype or 'unknown'} filesystem), but the Ray "
-            f"cluster has nodes on {len(hosts)} hosts; give a folder every node mounts (NFS, Lustre, ...) or a "
-            f"URI (s3://, gs://)")
+    return (
+        f"storage: {storage} is a folder on this machine ({fstype or 'unknown'} filesystem), but the Ray "
+        f"cluster has nodes on {len(hosts)} hosts; give a folder every node mounts (NFS, Lustre, ...) or a "
+        f"URI (s3://, gs://)"
+    )
 
 
 def check_shared_storage(storage: str) -> None:
@@ -221,18 +239,34 @@ def start_embedder(cfg: TrialConfig, store: OfflineStore | None):
     offline = {key: [t.text for t in store.for_prompt(key)] for key in sorted(store.prompts)}
     cache = str(Path(cfg.cache_dir).expanduser().resolve() / "embeddings")
     # Restartable like the verifier: a new process reloads the encoder and the cached offline embeddings.
-    actor = ray.remote(EmbeddingService).options(num_cpus=cfg.encoder.num_cpus, max_restarts=-1, max_task_retries=-1,
-                                                 scheduling_strategy="DEFAULT")  # as the rollout service
-    return actor.remote(cfg.encoder.model, long_text=cfg.encoder.long_text, cache_dir=cache,
-                        batch_size=cfg.encoder.batch_size, offline=offline,
-                        num_threads=max(1, int(cfg.encoder.num_cpus)))
+    actor = ray.remote(EmbeddingService).options(
+        num_cpus=cfg.encoder.num_cpus, max_restarts=-1, max_task_retries=-1, scheduling_strategy="DEFAULT"
+    )  # as the rollout service
+    return actor.remote(
+        cfg.encoder.model,
+        long_text=cfg.encoder.long_text,
+        cache_dir=cache,
+        batch_size=cfg.encoder.batch_size,
+        offline=offline,
+        num_threads=max(1, int(cfg.encoder.num_cpus)),
+    )
 
 
-def fit_trial(cfgs: list[TrialConfig], model_path: Path, *, name: str, tracking_uri: str | None, run_ids: list,
-              store: OfflineStore | None = None, run_callbacks: list | None = None, stop_file: str | None = None,
-              started_at: float | None = None, trust_unsealed: bool = False):
-    """Start the run's rollout engines and verifier (or take a kept set from the sweep's pool), and its
-    encoder, run one Ray Train loop for the seeds `cfgs` (a configuration's, or one trial), return the `Result`.
+def fit_trial(
+    cfgs: list[TrialConfig],
+    model_path: Path,
+    *,
+    name: str,
+    tracking_uri: str | None,
+    run_ids: list,
+    store: OfflineStore | None = None,
+    run_callbacks: list | None = None,
+    stop_file: str | None = None,
+    started_at: float | None = None,
+    trust_unsealed: bool = False,
+):
+    """Start the run's rollout engines and verifier (or borrow a kept set from the sweep's pool: `rollout_set`),
+    and its encoder, run one Ray Train loop for the seeds `cfgs` (a configuration's, or one trial), return the `Result`.
 
     name: the Ray Train run's (a trial's own name when it trains alone); run_ids: each seed's MLflow run in
     `tracking_uri` (None: untracked). `started_at` (time.time()) is where the start-up began, for its
@@ -240,33 +274,32 @@ def fit_trial(cfgs: list[TrialConfig], model_path: Path, *, name: str, tracking_
     """
     import ray
 
-    from orchestrator.pool import find_pool
-    from trainables.rollout.service import remove_engine_group, start_rollout_engines
+    from orchestrator.pool import rollout_set
     from trainables.trial import TrialInputs
 
     cfg, started_at = cfgs[0], started_at or time.time()
-    pool = find_pool()  # a sweep's or study's: engines and verifier kept from run to run
-    if pool is not None:
-        engines, verifier = ray.get(pool.acquire.remote(name, cfg.rollout, str(model_path)))
-    else:
-        engines, verifier = start_rollout_engines(cfg.rollout, model_path, name), start_verifier()
-    embedder = start_embedder(cfg, store)
-    try:
-        fit_at = time.time()
-        inputs = [TrialInputs(seed, str(model_path), engines, verifier, tracking_uri, run_id, store, embedder,
-                              stop_file, started_at, fit_at, run_name=name, trust_unsealed=trust_unsealed,
-                              pool=pool)
-                  for seed, run_id in zip(cfgs, run_ids, strict=True)]
-        return trainer(cfg, inputs, name, run_callbacks or []).fit()
-    finally:
-        if embedder is not None:
-            ray.kill(embedder)
-        if pool is not None:
-            ray.get(pool.release.remote(name))
-        else:
-            for actor in (*engines, verifier):
-                ray.kill(actor)
-            remove_engine_group(name)
+    with rollout_set(cfg.rollout, model_path, name) as (engines, verifier, pool):
+        embedder = start_embedder(cfg, store)
+        try:
+            shared = dict(
+                model_path=str(model_path),
+                engines=engines,
+                verifier=verifier,
+                tracking_uri=tracking_uri,
+                store=store,
+                embedder=embedder,
+                stop_file=stop_file,
+                started_at=started_at,
+                fit_at=time.time(),
+                run_name=name,
+                trust_unsealed=trust_unsealed,
+                pool=pool,
+            )
+            inputs = [TrialInputs(seed, run_id=run_id, **shared) for seed, run_id in zip(cfgs, run_ids, strict=True)]
+            return trainer(cfg, inputs, name, run_callbacks or []).fit()
+        finally:
+            if embedder is not None:
+                ray.kill(embedder)
 
 
 def trainer(cfg: TrialConfig, inputs: list, name: str, run_callbacks: list):
@@ -282,14 +315,17 @@ def trainer(cfg: TrialConfig, inputs: list, name: str, run_callbacks: list):
         train_loop_per_worker,
         train_loop_config={"inputs": inputs},
         torch_config=TorchConfig(backend=process_group_backend(cfg.learner.use_gpu)),
-        scaling_config=ScalingConfig(num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu,
-                                     resources_per_worker=worker_resources(cfg)),
+        scaling_config=ScalingConfig(
+            num_workers=cfg.learner.num_workers, use_gpu=cfg.learner.use_gpu, resources_per_worker=worker_resources(cfg)
+        ),
         run_config=RunConfig(
             name=name,
             storage_path=storage_uri(cfg.storage),
             checkpoint_config=CheckpointConfig(
-                num_to_keep=cfg.checkpoint.keep, checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
-                checkpoint_score_order=cfg.checkpoint.keep_best_mode),
+                num_to_keep=cfg.checkpoint.keep,
+                checkpoint_score_attribute=cfg.checkpoint.keep_best_by,
+                checkpoint_score_order=cfg.checkpoint.keep_best_mode,
+            ),
             # A lost learner rank restarts the worker group from the last checkpoint.
             failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
             logging_config=LoggingConfig(log_level="WARNING"),  # not every report's metrics

@@ -79,9 +79,11 @@ class Lease:
     def check_free(self, what: str) -> None:
         """SpecError naming who holds the lease when another live command does: `what` is running."""
         if self.live(held := self.holder()):
-            raise SpecError(f"{what}: is running ({held['host']}, pid {held['pid']}; its lease in {self.uri} "
-                            f"is renewed while it runs and lapses {self.ttl_s:.0f} s after it stops): wait for "
-                            "it, stop it, or use another name")
+            raise SpecError(
+                f"{what}: is running ({held['host']}, pid {held['pid']}; its lease in {self.uri} "
+                f"is renewed while it runs and lapses {self.ttl_s:.0f} s after it stops): wait for "
+                "it, stop it, or use another name"
+            )
 
     def acquire(self, what: str) -> None:
         """Take the lease or raise SpecError naming who holds it; renewed until `release` or exit."""
@@ -94,7 +96,9 @@ class Lease:
             if (self.holder() or {}).get("owner") == self.me["owner"]:
                 break
         else:
-            raise SpecError(f"{what}: another command took {self.uri} at the same moment; wait for it or use another name")
+            raise SpecError(
+                f"{what}: another command took {self.uri} at the same moment; wait for it or use another name"
+            )
         threading.Thread(target=self._renew, daemon=True, name="lease").start()
         HELD.append(self)
         atexit.register(self.release)
@@ -131,14 +135,18 @@ def check_settings(folder_uri: str, settings: dict, *, resume: bool, force: bool
             with fs.open_input_stream(path) as f:
                 saved = flatten(json.loads(f.read()))
         except (OSError, ValueError, RecursionError, AttributeError) as e:  # AttributeError: JSON but not an object
-            raise SpecError(f"--resume: {folder_uri}/{SETTINGS_FILE} does not hold the run's settings "
-                            f"({type(e).__name__}); left as it is") from None
+            raise SpecError(
+                f"--resume: {folder_uri}/{SETTINGS_FILE} does not hold the run's settings "
+                f"({type(e).__name__}); left as it is"
+            ) from None
         now = flatten(json.loads(json.dumps(settings)))  # as JSON keeps them: tuples are lists
         differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if differ and not force:
             shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:6])
-            raise SpecError(f"--resume: the settings differ from the run's own in {len(differ)} field(s): {shown}"
-                            f"{' ...' if len(differ) > 6 else ''}; resume with the same spec, or add --force")
+            raise SpecError(
+                f"--resume: the settings differ from the run's own in {len(differ)} field(s): {shown}"
+                f"{' ...' if len(differ) > 6 else ''}; resume with the same spec, or add --force"
+            )
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(json.dumps(settings, indent=1).encode())

@@ -18,14 +18,24 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 POOL_NAME = "rollout-pool"
 # The rollout fields an engine is built from; sampling (EAD's schedule, group size) is per request.
-ENGINE_FIELDS = ("backend", "num_engines", "num_cpus", "num_gpus", "resources", "tensor_parallel_size",
-                 "gpu_memory_utilization", "colocate", "weight_transfer")
+ENGINE_FIELDS = (
+    "backend",
+    "num_engines",
+    "num_cpus",
+    "num_gpus",
+    "resources",
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "colocate",
+    "weight_transfer",
+)
 
 
 def set_key(cfg, model_path: str | Path) -> str:
@@ -116,8 +126,36 @@ def start_pool():
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(RolloutPool).options(name=POOL_NAME, get_if_exists=True, num_cpus=0, max_concurrency=16,
-                                           scheduling_strategy=here).remote()
+    return (
+        ray.remote(RolloutPool)
+        .options(name=POOL_NAME, get_if_exists=True, num_cpus=0, max_concurrency=16, scheduling_strategy=here)
+        .remote()
+    )
+
+
+@contextmanager
+def rollout_set(cfg, model_path: str | Path, run: str):
+    """(engines, verifier, the pool that lent them) for Ray Train run `run`: borrowed from the driver's pool
+    and given back after the run, or without a pool (`train`) started for the run and stopped after it."""
+    import ray
+
+    from trainables.rollout.service import remove_engine_group, start_rollout_engines
+    from trainables.verifier import start_verifier
+
+    pool = find_pool()
+    if pool is not None:
+        engines, verifier = ray.get(pool.acquire.remote(run, cfg, str(model_path)))
+    else:
+        engines, verifier = start_rollout_engines(cfg, model_path, run), start_verifier()
+    try:
+        yield engines, verifier, pool
+    finally:
+        if pool is not None:
+            ray.get(pool.release.remote(run))
+        else:
+            for actor in (*engines, verifier):
+                ray.kill(actor)
+            remove_engine_group(run)
 
 
 def close_pool(pool) -> None:

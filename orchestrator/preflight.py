@@ -12,8 +12,17 @@ import math
 from pathlib import Path
 
 from trainables.config import TrialConfig
-from trainables.memory import (ENGINE_ACTIVATION_FRACTION, GIB, KNOWN_SHAPES, EngineMemory, ModelShape,
-                                card_bytes, engine_memory, learner_memory, weight_push_memory)
+from trainables.memory import (
+    ENGINE_ACTIVATION_FRACTION,
+    GIB,
+    KNOWN_SHAPES,
+    EngineMemory,
+    ModelShape,
+    card_bytes,
+    engine_memory,
+    learner_memory,
+    weight_push_memory,
+)
 from trainables.names import PUSH_BUFFERS, SMOLLM2_PRESET, TINY_MAX_POSITIONS, TINY_PRESET
 
 PROMPT_TOKENS = {"offline_prompts": 1024, "arithmetic": 128}  # a longest row's prompt allowance, by task
@@ -32,8 +41,9 @@ def model_shape(cfg: TrialConfig) -> tuple[ModelShape | None, str]:
     if cfg.model.path is None:
         if cfg.model.preset == TINY_PRESET:
             t = cfg.model.tiny
-            return ModelShape(t.hidden_size, t.num_layers, t.intermediate_size, t.num_heads, t.num_kv_heads,
-                              t.vocab_size, tied=True), "the tiny preset"
+            return ModelShape(
+                t.hidden_size, t.num_layers, t.intermediate_size, t.num_heads, t.num_kv_heads, t.vocab_size, tied=True
+            ), "the tiny preset"
         return PRESET_SHAPES[cfg.model.preset], f"the {cfg.model.preset} preset"
     folder = Path(cfg.model.path).expanduser()
     if (folder / "config.json").is_file():
@@ -85,9 +95,11 @@ def memory_report(cfg: TrialConfig) -> str:
     mem = estimate()
     size = f"{shape.params / 1e9:.2f} B" if shape.params >= 1e8 else f"{shape.params / 1e6:.2f} M"
     where = f"GPU of {lr.gpu_memory_gb:g} GB ({taken})" if lr.use_gpu else "rank (CPU memory here)"
-    lines = [f"memory pre-flight ({size} parameters, from {source}; micro-batch of {micro_batch_tokens(cfg)} tokens, "
-             f"prompts taken as {PROMPT_TOKENS[cfg.task.name]}):",
-             f"  learner {where}: {learner_parts(mem, cfg)}"]
+    lines = [
+        f"memory pre-flight ({size} parameters, from {source}; micro-batch of {micro_batch_tokens(cfg)} tokens, "
+        f"prompts taken as {PROMPT_TOKENS[cfg.task.name]}):",
+        f"  learner {where}: {learner_parts(mem, cfg)}",
+    ]
     if lr.use_gpu and mem.total > card:
         lines.append("  learner: WILL NOT FIT. " + learner_fixes(cfg, estimate, card))
     elif lr.use_gpu:
@@ -105,17 +117,35 @@ def learner_estimate(cfg: TrialConfig, shape: ModelShape, dtype_bytes: int):
     chunk=)."""
     lr, ro = cfg.learner, cfg.rollout
 
-    def estimate(checkpointing: bool = lr.gradient_checkpointing, zero_stage: int = lr.zero_stage,
-                 world: int = lr.num_workers, tokens: int | None = None, chunk: int | None = lr.logits_chunk_tokens):
+    def estimate(
+        checkpointing: bool = lr.gradient_checkpointing,
+        zero_stage: int = lr.zero_stage,
+        world: int = lr.num_workers,
+        tokens: int | None = None,
+        chunk: int | None = lr.logits_chunk_tokens,
+    ):
         tokens = tokens or micro_batch_tokens(cfg)
         buffers, where = PUSH_BUFFERS[ro.weight_transfer]  # a CPU rank's host memory is its own
-        push = weight_push_memory(shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage,
-                                  bucket_bytes=ro.weight_bucket_mb * 2**20,
-                                  buffers=buffers if where == "device" or not lr.use_gpu else 0)
-        return learner_memory(shape, dtype_bytes=dtype_bytes, zero_stage=zero_stage, world=world, tokens=tokens,
-                              gradient_checkpointing=checkpointing, chunk_tokens=chunk or tokens,
-                              entropy="grad" if cfg.algorithm.entropy_coef else "value", push=push,
-                              gpu=lr.use_gpu)
+        push = weight_push_memory(
+            shape,
+            dtype_bytes=dtype_bytes,
+            zero_stage=zero_stage,
+            bucket_bytes=ro.weight_bucket_mb * 2**20,
+            buffers=buffers if where == "device" or not lr.use_gpu else 0,
+        )
+        return learner_memory(
+            shape,
+            dtype_bytes=dtype_bytes,
+            zero_stage=zero_stage,
+            world=world,
+            tokens=tokens,
+            gradient_checkpointing=checkpointing,
+            chunk_tokens=chunk or tokens,
+            entropy="grad" if cfg.algorithm.entropy_coef else "value",
+            push=push,
+            gpu=lr.use_gpu,
+        )
+
     return estimate
 
 
@@ -123,14 +153,18 @@ def learner_parts(mem, cfg: TrialConfig) -> str:
     """The total as the sum of its parts: the states, the phase that peaks, the reserve; the other phases."""
     lr = cfg.learner
     phase = mem.peak_phase
-    shown = {"backward": f"backward {mem.activations / GIB:.2f} (layer activations "
-                         f"{(mem.activations - mem.logits) / GIB:.2f} with checkpointing "
-                         f"{'on' if lr.gradient_checkpointing else 'off'}, logits chunk {mem.logits / GIB:.2f})"}
+    shown = {
+        "backward": f"backward {mem.activations / GIB:.2f} (layer activations "
+        f"{(mem.activations - mem.logits) / GIB:.2f} with checkpointing "
+        f"{'on' if lr.gradient_checkpointing else 'off'}, logits chunk {mem.logits / GIB:.2f})"
+    }
     others = ", ".join(f"{name} {value / GIB:.2f}" for name, value in mem.phases.items() if name != phase)
-    return (f"{mem.total / GIB:.2f} GiB = weights {mem.weights / GIB:.2f} + gradients {mem.gradients / GIB:.2f} + "
-            f"optimizer {mem.optimizer / GIB:.2f} (ZeRO-{lr.zero_stage} over {lr.num_workers}) + "
-            f"{shown.get(phase, f'{phase} {mem.phases[phase] / GIB:.2f}')} + reserve {mem.reserve / GIB:.2f} "
-            f"(ZeRO buffers {mem.buckets / GIB:.2f}); in place of {phase}: {others}")
+    return (
+        f"{mem.total / GIB:.2f} GiB = weights {mem.weights / GIB:.2f} + gradients {mem.gradients / GIB:.2f} + "
+        f"optimizer {mem.optimizer / GIB:.2f} (ZeRO-{lr.zero_stage} over {lr.num_workers}) + "
+        f"{shown.get(phase, f'{phase} {mem.phases[phase] / GIB:.2f}')} + reserve {mem.reserve / GIB:.2f} "
+        f"(ZeRO buffers {mem.buckets / GIB:.2f}); in place of {phase}: {others}"
+    )
 
 
 def learner_fixes(cfg: TrialConfig, estimate, card: float) -> str:
@@ -151,8 +185,14 @@ def learner_fixes(cfg: TrialConfig, estimate, card: float) -> str:
         return f"learner.logits_chunk_tokens: {chunk} brings it to {total / GIB:.1f} GiB"
     fixes = []
     if lr.zero_stage >= 1:  # sharded states shrink with every rank added (ranks that take whole prompt groups)
-        world = next((w for w in range(lr.num_workers + 1, MAX_RANKS + 1)
-                      if lr.prompts_per_step % w == 0 and fitting(checkpointing=True, world=w)), 0)
+        world = next(
+            (
+                w
+                for w in range(lr.num_workers + 1, MAX_RANKS + 1)
+                if lr.prompts_per_step % w == 0 and fitting(checkpointing=True, world=w)
+            ),
+            0,
+        )
         if world:
             total = estimate(checkpointing=True, world=world).total
             fixes.append(f"learner.num_workers: {world} ({total / GIB:.1f} GiB)")
@@ -162,23 +202,33 @@ def learner_fixes(cfg: TrialConfig, estimate, card: float) -> str:
     if tokens > longest and fitting(checkpointing=True, tokens=longest):  # a row over the budget is alone
         low, high = longest, tokens  # the largest budget that fits: fitting(low), not fitting(high)
         while high - low > 1:
-            low, high = ((low + high) // 2, high) if fitting(checkpointing=True, tokens=(low + high) // 2) else \
-                (low, (low + high) // 2)
+            low, high = (
+                ((low + high) // 2, high)
+                if fitting(checkpointing=True, tokens=(low + high) // 2)
+                else (low, (low + high) // 2)
+            )
         fixes.append(f"learner.max_tokens_per_micro_batch: {low} or less")
     if fixes:
         return "any of: " + "; ".join(fixes)
     mem = estimate(checkpointing=True)
-    return (f"no setting of this spec fits one row of {longest} tokens: the states alone take "
-            f"{mem.states / GIB:.1f} GiB; ZeRO-3 with its optimizer offloaded to CPU (DeepSpeed's offload_optimizer), "
-            f"or a larger card")
+    return (
+        f"no setting of this spec fits one row of {longest} tokens: the states alone take "
+        f"{mem.states / GIB:.1f} GiB; ZeRO-3 with its optimizer offloaded to CPU (DeepSpeed's offload_optimizer), "
+        f"or a larger card"
+    )
 
 
 def engine_estimate(cfg: TrialConfig, shape: ModelShape, bf16: bool) -> EngineMemory:
     lr, ro = cfg.learner, cfg.rollout
-    return engine_memory(shape, dtype_bytes=2 if bf16 else 4, tensor_parallel=ro.tensor_parallel_size,
-                         gpu_gb=lr.gpu_memory_gb, utilization=ro.gpu_memory_utilization,
-                         max_len=PROMPT_TOKENS[cfg.task.name] + ro.max_new_tokens,
-                         sequences=cfg.sequences_per_rank * -(-lr.num_workers // ro.num_engines))
+    return engine_memory(
+        shape,
+        dtype_bytes=2 if bf16 else 4,
+        tensor_parallel=ro.tensor_parallel_size,
+        gpu_gb=lr.gpu_memory_gb,
+        utilization=ro.gpu_memory_utilization,
+        max_len=PROMPT_TOKENS[cfg.task.name] + ro.max_new_tokens,
+        sequences=cfg.sequences_per_rank * -(-lr.num_workers // ro.num_engines),
+    )
 
 
 def colocated_lines(mem, eng: EngineMemory, card: float) -> list[str]:
@@ -187,27 +237,39 @@ def colocated_lines(mem, eng: EngineMemory, card: float) -> list[str]:
     its weights. The larger of the two moments must fit the card."""
     generating = mem.states + mem.reserve + eng.budget
     pushing = mem.states + mem.reserve + mem.push + eng.weights
-    line = (f"  colocated on one GPU: {max(generating, pushing) / GIB:.1f} GiB = learner states and reserve "
-            f"{(mem.states + mem.reserve) / GIB:.1f} + the larger of the engine's generation {eng.budget / GIB:.1f} "
-            f"and the push with the engine's weights {(mem.push + eng.weights) / GIB:.1f}")
+    line = (
+        f"  colocated on one GPU: {max(generating, pushing) / GIB:.1f} GiB = learner states and reserve "
+        f"{(mem.states + mem.reserve) / GIB:.1f} + the larger of the engine's generation {eng.budget / GIB:.1f} "
+        f"and the push with the engine's weights {(mem.push + eng.weights) / GIB:.1f}"
+    )
     if max(generating, pushing) <= card:
         return [line, f"  colocated: fits ({max(generating, pushing) / GIB:.1f} of {card / GIB:.1f} GiB)"]
     room = math.floor(100 * (card - mem.states - mem.reserve) / card) / 100  # rounded down: it must fit
-    fix = (f"rollout.gpu_memory_utilization <= {room:.2f}" if room > 0 and pushing <= card
-           else "engines on GPUs of their own (colocate: false), or more learner ranks to shard the states")
+    fix = (
+        f"rollout.gpu_memory_utilization <= {room:.2f}"
+        if room > 0 and pushing <= card
+        else "engines on GPUs of their own (colocate: false), or more learner ranks to shard the states"
+    )
     return [line, f"  colocated: WILL NOT FIT. {fix}"]
 
 
 def engine_lines(cfg: TrialConfig, eng: EngineMemory) -> list[str]:
     ro = cfg.rollout
-    head = (f"  rollout engine, per GPU of {ro.tensor_parallel_size}: {eng.budget / GIB:.1f} GiB "
-            f"(gpu_memory_utilization {ro.gpu_memory_utilization:g}) = weights {eng.weights / GIB:.1f} + KV cache "
-            f"{eng.kv_room / GIB:.1f} + vLLM's own {eng.budget * ENGINE_ACTIVATION_FRACTION / GIB:.1f} "
-            f"({eng.kv_per_sequence / 2**20:.0f} MiB a sequence at full length)")
+    head = (
+        f"  rollout engine, per GPU of {ro.tensor_parallel_size}: {eng.budget / GIB:.1f} GiB "
+        f"(gpu_memory_utilization {ro.gpu_memory_utilization:g}) = weights {eng.weights / GIB:.1f} + KV cache "
+        f"{eng.kv_room / GIB:.1f} + vLLM's own {eng.budget * ENGINE_ACTIVATION_FRACTION / GIB:.1f} "
+        f"({eng.kv_per_sequence / 2**20:.0f} MiB a sequence at full length)"
+    )
     if eng.concurrent < 1:
-        return [head, "  rollout engine: WILL NOT FIT one sequence at full length: raise gpu_memory_utilization or "
-                      "rollout.tensor_parallel_size"]
+        return [
+            head,
+            "  rollout engine: WILL NOT FIT one sequence at full length: raise gpu_memory_utilization or "
+            "rollout.tensor_parallel_size",
+        ]
     share = min(eng.concurrent, eng.sequences)
-    return [head, f"  rollout engine: fits; {share} of its {eng.sequences} sequences at full length at once"
-                  + ("" if share == eng.sequences else " (vLLM queues the rest: more tensor parallel or engines "
-                                                       "for speed)")]
+    return [
+        head,
+        f"  rollout engine: fits; {share} of its {eng.sequences} sequences at full length at once"
+        + ("" if share == eng.sequences else " (vLLM queues the rest: more tensor parallel or engines for speed)"),
+    ]

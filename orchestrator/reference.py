@@ -20,8 +20,12 @@ from orchestrator.spec import SearchConfig
 from orchestrator.study import StudyConfig
 from trainables.config import TrialConfig
 
-BOUNDS = {annotated_types.Gt: (">", "gt"), annotated_types.Ge: (">=", "ge"), annotated_types.Lt: ("<", "lt"),
-          annotated_types.Le: ("<=", "le")}
+BOUNDS = {
+    annotated_types.Gt: (">", "gt"),
+    annotated_types.Ge: (">=", "ge"),
+    annotated_types.Lt: ("<", "lt"),
+    annotated_types.Le: ("<=", "le"),
+}
 ROOTS = (  # (section path, model, where it is defined, what it is)
     ("", TrialConfig, "trainables/config.py", "The trial, every spec's fields"),
     ("search", SearchConfig, "orchestrator/spec.py", "`search`, a sweep's section"),
@@ -108,8 +112,9 @@ def section(path: str, model: type[BaseModel], instance: BaseModel | None, secti
             sections[sub] = f"{path}.{name}{suffix}".lstrip(".")
             children.append((sections[sub], sub, None))
         rows.append(row(f"{path}.{name}".lstrip("."), field, value, sections))
-    lines = heading(path, model) + (["| field | type | default | description |", "|---|---|---|---|", *rows, ""]
-                                    if rows else [])
+    lines = heading(path, model) + (
+        ["| field | type | default | description |", "|---|---|---|---|", *rows, ""] if rows else []
+    )
     return lines + [line for child in children for line in section(*child, sections)]
 
 

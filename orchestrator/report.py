@@ -134,14 +134,20 @@ def plot_metrics(client, trials, keys: tuple[str, ...], searched: list[str], pat
             if len(steps) >= SMOOTH_FROM:  # noisy per-step values: faint, under their smoothed curve
                 ax.plot(steps, values, color=color, linestyle=style, linewidth=0.7, alpha=0.25)
                 values = smoothed(values)
-            ax.plot(steps, values, color=color, linestyle=style, marker="x" if pruned else ("." if len(steps) < 40 else None),
-                    markevery=[len(steps) - 1] if pruned and len(steps) >= SMOOTH_FROM else None,
-                    label=label(run, searched) + (" (pruned)" if pruned else ""))
+            ax.plot(
+                steps,
+                values,
+                color=color,
+                linestyle=style,
+                marker="x" if pruned else ("." if len(steps) < 40 else None),
+                markevery=[len(steps) - 1] if pruned and len(steps) >= SMOOTH_FROM else None,
+                label=label(run, searched) + (" (pruned)" if pruned else ""),
+            )
         ax.set_title(titles[key], fontsize=10)
         ax.set_xlabel("RL step")
         ax.set_ylabel(key.rsplit("/", 1)[-1])
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=7, frameon=False)
@@ -180,8 +186,9 @@ def legend_marks(tags: dict[str, str]) -> dict[str, str]:
     return roles(tags.get("baseline"), tags.get("selected_best"), tags.get("best_trial"))
 
 
-def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[str], marks: dict[str, str], path: Path,
-                        title: str) -> bool:
+def plot_configurations(
+    client, trials, keys: tuple[str, ...], searched: list[str], marks: dict[str, str], path: Path, title: str
+) -> bool:
     """A panel per metric, a line per configuration: the mean over its seeds at each step every seed
     reached, from the base policy (step 0), its 95% interval over seeds as a band (none for one seed);
     `marks` labels configurations in the legend (baseline, best), a pruned one's end is marked x; the
@@ -200,14 +207,23 @@ def plot_configurations(client, trials, keys: tuple[str, ...], searched: list[st
                 continue
             intervals = [seed_interval([h[s] for h in per_seed]) for s in steps]
             pruned = any(r.data.tags.get("state") == "pruned" for r in runs)
-            params = " ".join(f"{k}={v}" for k, v in short_params({k: runs[0].data.params.get(k) for k in searched}).items())
-            name = ", ".join(filter(None, [config, params, f"{len(runs)} seed(s)", marks.get(config),
-                                           "pruned" if pruned else ""]))
+            params = " ".join(
+                f"{k}={v}" for k, v in short_params({k: runs[0].data.params.get(k) for k in searched}).items()
+            )
+            name = ", ".join(
+                filter(None, [config, params, f"{len(runs)} seed(s)", marks.get(config), "pruned" if pruned else ""])
+            )
             color = f"C{i % 10}"
             ax.plot(steps, [iv.mean for iv in intervals], color=color, marker=".", label=name)
             if all(math.isfinite(iv.low) for iv in intervals):
-                ax.fill_between(steps, [iv.low for iv in intervals], [iv.high for iv in intervals], color=color,
-                                alpha=0.15, linewidth=0)
+                ax.fill_between(
+                    steps,
+                    [iv.low for iv in intervals],
+                    [iv.high for iv in intervals],
+                    color=color,
+                    alpha=0.15,
+                    linewidth=0,
+                )
             if pruned:
                 ax.plot(steps[-1], intervals[-1].mean, "x", color=color, markersize=10, markeredgewidth=2)
         ax.set_title(f"{key}: mean over seeds, 95% band", fontsize=10)
@@ -239,8 +255,13 @@ def plot_temperatures(trials, searched: list[str], path: Path) -> None:
         params = " ".join(f"{k}={v}" for k, v in short_params({k: p.get(k) for k in searched}).items())
         name = params if len(configs) > 1 and params else label(runs[0], searched)
         for step, style in ((1, "-"), (last, "--")):
-            ax.plot(positions, SCHEDULES[decoding.schedule](positions, step, **decoding.schedule_params()), style,
-                    color=f"C{i % 10}", label=f"{name}, step {step}")
+            ax.plot(
+                positions,
+                SCHEDULES[decoding.schedule](positions, step, **decoding.schedule_params()),
+                style,
+                color=f"C{i % 10}",
+                label=f"{name}, step {step}",
+            )
     ax.set_xlabel("token position t")
     ax.set_ylabel("temperature")
     ax.set_title("decoding temperature (solid: first step, dashed: last)")
@@ -283,8 +304,7 @@ def plot_pass_at_k(evals: list[tuple[str, dict]], path: Path) -> bool:
                 correct = [p["correct"] for p in problems]
                 n = min(len(c) for c in correct)
                 ks = [k for k in (2**i for i in range(n.bit_length())) if k <= n]
-                ax.plot(ks, [mean_pass_at_k(correct, k) for k in ks], marker="o",
-                        label=f"{trial} {decoding} {bench}")
+                ax.plot(ks, [mean_pass_at_k(correct, k) for k in ks], marker="o", label=f"{trial} {decoding} {bench}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k")
@@ -317,8 +337,10 @@ def plot_objective(trials, searched: list[str], metric: str, path: Path, log: se
         except (TypeError, ValueError):
             pass  # a categorical parameter: matplotlib places the strings
         pruned = [run.data.tags.get("state") == "pruned" for run, _ in values]
-        for marked, style in ((False, {"label": "ran to the end"}), (True, {"label": "pruned (an earlier step)",
-                                                                          "marker": "x", "color": "tab:red"})):
+        for marked, style in (
+            (False, {"label": "ran to the end"}),
+            (True, {"label": "pruned (an earlier step)", "marker": "x", "color": "tab:red"}),
+        ):
             points = [(x, v) for x, (_, v), p in zip(xs, values, pruned) if p == marked]
             if points:
                 ax.scatter(*zip(*points), **style)
@@ -350,8 +372,10 @@ def plot_importance(values: dict[str, float], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 0.5 + 0.5 * len(values)))
     ax.barh(list(values), list(values.values()))
     ax.set_xlabel("importance (fANOVA)")
-    ax.set_title("parameter importance over the trials that ran to the end\n(Optuna's fANOVA: few trials, a rough guide)",
-                 fontsize=9)
+    ax.set_title(
+        "parameter importance over the trials that ran to the end\n(Optuna's fANOVA: few trials, a rough guide)",
+        fontsize=9,
+    )
     ax.invert_yaxis()
     save(fig, path)
 
@@ -365,28 +389,53 @@ def save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(title: str, trials, searched: list[str], metrics: tuple[str, ...], images: list[str],
-             importance: dict[str, float], notes: list[str], configurations: str | None = None,
-             importance_over: int = 0, opening: list[str] = ()) -> str:
+def markdown(
+    title: str,
+    trials,
+    searched: list[str],
+    metrics: tuple[str, ...],
+    images: list[str],
+    importance: dict[str, float],
+    notes: list[str],
+    configurations: str | None = None,
+    importance_over: int = 0,
+    opening: list[str] = (),
+) -> str:
     """report.md: `opening` (the answer and the confirmation) first, then the selection; `importance_over`: how
     many configurations that ran to the end the importances rest on."""
     lines = [f"# {title}", "", *opening]
     if configurations:
-        lines += ["## Selection: each configuration's mean and 95% interval over seeds", "",
-                  configurations.strip(), "", "## Runs (one per configuration, seed and stage)", ""]
+        lines += [
+            "## Selection: each configuration's mean and 95% interval over seeds",
+            "",
+            configurations.strip(),
+            "",
+            "## Runs (one per configuration, seed and stage)",
+            "",
+        ]
     columns = ["trial", "stage", "state", "steps", *metrics, *short_params(dict.fromkeys(searched, 0))]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in trials:
         m = run.data.metrics
-        row = [run.info.run_name, run.data.tags.get("stage", "-"), run.data.tags.get("state", "?"),
-               f"{m.get('progress/step', 0):.0f}",
-               *[f"{m[key]:.4f}" if key in m else "-" for key in metrics],
-               *short_params({k: run.data.params.get(k, "-") for k in searched}).values()]
+        row = [
+            run.info.run_name,
+            run.data.tags.get("stage", "-"),
+            run.data.tags.get("state", "?"),
+            f"{m.get('progress/step', 0):.0f}",
+            *[f"{m[key]:.4f}" if key in m else "-" for key in metrics],
+            *short_params({k: run.data.params.get(k, "-") for k in searched}).values(),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     if importance:
-        lines += ["", "## Parameter importance (Optuna, fANOVA)", "",
-                  f"Over the {importance_over} configuration(s) that ran to the end: with few, a rough guide.", "",
-                  "| parameter | importance |", "|---|---|"]
+        lines += [
+            "",
+            "## Parameter importance (Optuna, fANOVA)",
+            "",
+            f"Over the {importance_over} configuration(s) that ran to the end: with few, a rough guide.",
+            "",
+            "| parameter | importance |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {v:.3f} |" for k, v in importance.items()]
     lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images if f"]({name})" not in "\n".join(opening)]
     if notes:
@@ -403,8 +452,10 @@ def html_page(text: str, folder: Path) -> str:
         return f'src="data:image/png;base64,{base64.b64encode((folder / match[1]).read_bytes()).decode()}"'
 
     body = re.sub(r'src="([\w.-]+\.png)"', inline, to_html(text, extensions=["tables"]))
-    style = ("body{font-family:sans-serif;max-width:1300px;margin:auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:100%}")
+    style = (
+        "body{font-family:sans-serif;max-width:1300px;margin:auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:100%}"
+    )
     return f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head><body>{body}</body></html>\n"
 
 
@@ -417,8 +468,17 @@ def sweep_table(client: MlflowClient, anchor) -> str | None:
             return None
 
 
-def draw_plots(client, anchor, trials: list, study, sweep: str | None, metric: str, shown: tuple[str, ...],
-               report: Path, title: str) -> tuple[list[str], list[str], dict[str, float]]:
+def draw_plots(
+    client,
+    anchor,
+    trials: list,
+    study,
+    sweep: str | None,
+    metric: str,
+    shown: tuple[str, ...],
+    report: Path,
+    title: str,
+) -> tuple[list[str], list[str], dict[str, float]]:
     """The report's plots in `report`: (their file names, notes on plots it could not draw, the parameters'
     importance)."""
     searched = sorted({k for t in study.trials for k in t.params}) if study else []
@@ -429,8 +489,14 @@ def draw_plots(client, anchor, trials: list, study, sweep: str | None, metric: s
     marks = legend_marks(anchor.data.tags) if sweep else {}
     if plot_configurations(client, trials, validation, searched, marks, report / "validation.png", title):
         images.append("validation.png")
-    if plot_metrics(client, trials, ("oger/exploration_mean", "oger/exploration_max"), searched,
-                    report / "oger_exploration.png", "OGER exploration reward"):
+    if plot_metrics(
+        client,
+        trials,
+        ("oger/exploration_mean", "oger/exploration_max"),
+        searched,
+        report / "oger_exploration.png",
+        "OGER exploration reward",
+    ):
         images.append("oger_exploration.png")
     plot_temperatures(trials, searched, report / "temperature.png")
     images.append("temperature.png")
@@ -439,7 +505,9 @@ def draw_plots(client, anchor, trials: list, study, sweep: str | None, metric: s
     else:
         notes.append("no evaluation yet: run python -m orchestrator.evaluate on a trial for pass@k curves")
     importance = importances(study) if study else {}
-    logged = {k for t in study.trials for k, d in t.distributions.items() if getattr(d, "log", False)} if study else set()
+    logged = (
+        {k for t in study.trials for k, d in t.distributions.items() if getattr(d, "log", False)} if study else set()
+    )
     if sweep and plot_objective(trials, searched, metric, report / "objective.png", logged):
         images.append("objective.png")
     if importance:
@@ -468,23 +536,33 @@ def run(target: str, out: str | None, tracking_uri: str | None, experiment: str)
     configurations = sweep_table(client, anchor) if sweep else None
     finished = sum(t.state.name == "COMPLETE" for t in study.trials) if study else 0
     opening = answer.answer_lines(anchor, folder) if sweep else []
-    if sweep and (confirmed := answer.confirmation_section(client, anchor, confirming, metric,
-                                                             params.get("search.mode", "max"), report, pyplot())):
+    if sweep and (
+        confirmed := answer.confirmation_section(
+            client, anchor, confirming, metric, params.get("search.mode", "max"), report, pyplot()
+        )
+    ):
         opening += confirmed
         images.append("confirmation.png")
-    text = markdown(title, [*trials, *confirming], searched, shown, images, importance, notes, configurations,
-                    finished, opening)
+    text = markdown(
+        title, [*trials, *confirming], searched, shown, images, importance, notes, configurations, finished, opening
+    )
     (report / "report.md").write_text(text)
     (report / "report.html").write_text(html_page(text, report))
     client.log_artifacts(anchor.info.run_id, str(report), "report")
-    console.print(f"report: {report / 'report.html'} and report.md ({len(images)} plots; also in MLflow run "
-                  f"{anchor.info.run_id})", soft_wrap=True)
+    console.print(
+        f"report: {report / 'report.html'} and report.md ({len(images)} plots; also in MLflow run "
+        f"{anchor.info.run_id})",
+        soft_wrap=True,
+    )
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.report", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.report",
+        description=__doc__.strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("target", metavar="SWEEP_OR_TRIAL", help="a sweep's or a trial's folder, <storage>/<name>")
     parser.add_argument("--out", help="report folder (default: SWEEP_OR_TRIAL/report)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite in the storage folder)")

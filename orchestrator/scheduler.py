@@ -22,7 +22,6 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from orchestrator.decisions import prune_bounds
 from trainables.config import VAL_STEP
 
-
 PRUNED_FOLDER = "pruned"
 
 
@@ -75,8 +74,9 @@ def seed_values(result: dict, metric: str) -> list[float]:
 class IntervalRungs(FIFOScheduler):
     """Stops a configuration at a rung only when its interval lies wholly below the rung's best."""
 
-    def __init__(self, milestones: list[int], level: float = 0.95, time_attr: str = "progress/step",
-                 record_to: str | None = None):
+    def __init__(
+        self, milestones: list[int], level: float = 0.95, time_attr: str = "progress/step", record_to: str | None = None
+    ):
         super().__init__()
         self.milestones, self.level, self.time_attr = list(milestones), level, time_attr
         self.record_to = record_to  # the experiment's folder or URI: where each stop is recorded
@@ -114,8 +114,10 @@ class IntervalRungs(FIFOScheduler):
     def why(self, bounds: tuple[float, float], milestone: int, others: int) -> str:
         near, far = ("upper", "lower") if (self._mode or "max") == "max" else ("lower", "upper")
         sign = 1 if near == "upper" else -1
-        return (f"its {self.level:.0%} {near} bound of {self._metric} ({sign * bounds[0]:.3f}) lay beyond the best "
-                f"{far} bound ({sign * bounds[1]:.3f}) of the {others} configuration(s) at the rung of step {milestone}")
+        return (
+            f"its {self.level:.0%} {near} bound of {self._metric} ({sign * bounds[0]:.3f}) lay beyond the best "
+            f"{far} bound ({sign * bounds[1]:.3f}) of the {others} configuration(s) at the rung of step {milestone}"
+        )
 
     def debug_string(self) -> str:
         return f"IntervalRungs: rungs {self.milestones}, {len(self.stopped)} stopped"
@@ -146,7 +148,9 @@ class RecordedASHA(ASHAScheduler):
                 if cutoff is None:
                     break
                 side = "below" if self._metric_op > 0 else "above"
-                return (f"its {self._metric} ({self._metric_op * value:.3f}) was {side} the cut-off "
-                        f"({self._metric_op * cutoff:.3f}) of the rung of step {milestone:g}: ASHA lets the best "
-                        f"1/{bracket.rf:g} of the {len(others) + 1} configuration(s) there go on")
+                return (
+                    f"its {self._metric} ({self._metric_op * value:.3f}) was {side} the cut-off "
+                    f"({self._metric_op * cutoff:.3f}) of the rung of step {milestone:g}: ASHA lets the best "
+                    f"1/{bracket.rf:g} of the {len(others) + 1} configuration(s) there go on"
+                )
         return ""

@@ -8,7 +8,8 @@ takes its value from its seeds' own MLflow records, and each Optuna trial carrie
 the MLflow runs
 recording it, so the dashboard, the report and MLflow say the same thing about every trial. A
 proposal lost with a killed driver (Tune never saved it) is `FAIL` on resume, never `RUNNING` forever,
-and its configuration is proposed again (it never ran: a lost baseline must still be measured); a trial told finished just before the driver was lost keeps that record when Tune ends it again.
+and its configuration is proposed again (it never ran: a lost baseline must still be measured); a trial
+told finished just before the driver was lost keeps that record when Tune ends it again.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class StepOptunaSearch(OptunaSearch):
         for lost in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if lost.number not in known:
                 optuna.trial.Trial(self._ot_study, lost._trial_id).set_user_attr(
-                    "lost", "proposed just before the driver was lost; Tune never started it")
+                    "lost", "proposed just before the driver was lost; Tune never started it"
+                )
                 self._ot_study.tell(lost.number, state=TrialState.FAIL)
                 self._ot_study.enqueue_trial(lost.params, user_attrs={"proposed_again_for": lost.number})
         # A trial the study already holds finished was told before the driver was lost (after the saved
@@ -92,8 +94,12 @@ class StepOptunaSearch(OptunaSearch):
             return super().on_trial_complete(trial_id, result, error)
         state, value = "errored", None
         if not error:  # ended short: pruned only where the scheduler's record says so
-            state, pruned, seeds = ended(result or {}, self.tracking.get("storage"), trial_id,
-                                         self._seeds if isinstance(self.metric, str) else None)
+            state, pruned, seeds = ended(
+                result or {},
+                self.tracking.get("storage"),
+                trial_id,
+                self._seeds if isinstance(self.metric, str) else None,
+            )
             values = [v for _, _, v in seeds]
             if state == "finished" and values and None not in values:  # its last report was lost
                 value = sum(values) / len(values)  # the seeds' own records stand for it
@@ -121,4 +127,3 @@ class StepOptunaSearch(OptunaSearch):
 
         tracker = Tracker(self.tracking["uri"], self.tracking["experiment"], retry_waits_s=(1,))
         return tracker.config_run_ids(self.tracking["sweep"], trial_id) or []
-

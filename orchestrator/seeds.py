@@ -54,8 +54,9 @@ def outcome(result: dict, pruned_step: int | None, seeds: list[tuple[int, int]])
     return "pruned" if pruned_step is not None else "errored"
 
 
-def ended(result: dict, uri: str | None, config_id: str,
-          seeds_of: Callable[[str], list] | None) -> tuple[str, int | None, list]:
+def ended(
+    result: dict, uri: str | None, config_id: str, seeds_of: Callable[[str], list] | None
+) -> tuple[str, int | None, list]:
     """(`outcome`, the step the scheduler stopped it at or None, its seed runs' (steps, learner.steps,
     objective)) of a configuration Tune ended: the scheduler's record under `uri` is read, and then
     `seeds_of(config_id)`, only when its last report does not already decide."""
@@ -79,15 +80,30 @@ def runs_of(name: str, cfgs: list[TrialConfig]) -> list[tuple[str, list[TrialCon
     return [(name, cfgs)]
 
 
-def seed_configs(base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int | list[int]) -> list[TrialConfig]:
+def seed_configs(
+    base: dict, overrides: dict[str, Any], config_id: str, storage: str, seeds: int | list[int]
+) -> list[TrialConfig]:
     """The configuration's trials: seed = the spec's seed + r for r in range(seeds) (or the offsets
     given), the task's problems at the spec's seed."""
     first = TrialConfig.model_validate(apply_overrides(base, overrides))
     offsets = range(seeds) if isinstance(seeds, int) else seeds
     quiet = {} if "progress_every" in (base.get("logging") or {}) else {"logging.progress_every": 0}
-    return [TrialConfig.model_validate(apply_overrides(base, {
-        **quiet, **overrides, "seed": first.seed + r, "task.seed": first.task_seed, "storage": storage,
-        "name": seed_name(config_id, first.seed + r)})) for r in offsets]
+    return [
+        TrialConfig.model_validate(
+            apply_overrides(
+                base,
+                {
+                    **quiet,
+                    **overrides,
+                    "seed": first.seed + r,
+                    "task.seed": first.task_seed,
+                    "storage": storage,
+                    "name": seed_name(config_id, first.seed + r),
+                },
+            )
+        )
+        for r in offsets
+    ]
 
 
 def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, float]:
@@ -95,8 +111,11 @@ def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, flo
     the objective's per-seed values (`seeds/<r>/<metric>`), and its 95% interval over seeds
     (`<metric>/ci_low`, `/ci_high`; one seed: from the validation's standard error)."""
     shared = set.intersection(*(set(r) for r in reports))
-    out = {k: sum(float(r[k]) for r in reports) / len(reports) for k in sorted(shared)
-           if all(isinstance(r[k], (int, float)) for r in reports)}
+    out = {
+        k: sum(float(r[k]) for r in reports) / len(reports)
+        for k in sorted(shared)
+        if all(isinstance(r[k], (int, float)) for r in reports)
+    }
     if metric in shared:
         values = [float(r[metric]) for r in reports]
         se = out.get(SE_KEY) if len(values) == 1 else None
@@ -118,8 +137,15 @@ class SeedGroup:
         self.errors: list[BaseException | None] = [None] * len(self.runs)
         self.reported = 0
 
-    def run(self, model_path: Path, tracking_uri: str | None, run_ids: list, store=None,
-            stop_file: str | None = None, trust_unsealed: bool = False) -> list[dict]:
+    def run(
+        self,
+        model_path: Path,
+        tracking_uri: str | None,
+        run_ids: list,
+        store=None,
+        stop_file: str | None = None,
+        trust_unsealed: bool = False,
+    ) -> list[dict]:
         """Train every seed, as many runs at once as the cluster holds; each seed's final metrics, in seed
         order. A run's error is raised at once: the Tune trial ends, and the other runs with it."""
         import ray
@@ -132,10 +158,27 @@ class SeedGroup:
         inbox = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
         gate = threading.Semaphore(trials_that_fit(self.cfgs[0], len(self.runs)))
         ids = iter(run_ids)
-        threads = [threading.Thread(target=self._fit, name=name, daemon=True,
-                                    args=(i, name, cfgs, model_path, tracking_uri, [next(ids) for _ in cfgs], store,
-                                          stop_file, trust_unsealed, inbox, gate))
-                   for i, (name, cfgs) in enumerate(self.runs)]
+        threads = [
+            threading.Thread(
+                target=self._fit,
+                name=name,
+                daemon=True,
+                args=(
+                    i,
+                    name,
+                    cfgs,
+                    model_path,
+                    tracking_uri,
+                    [next(ids) for _ in cfgs],
+                    store,
+                    stop_file,
+                    trust_unsealed,
+                    inbox,
+                    gate,
+                ),
+            )
+            for i, (name, cfgs) in enumerate(self.runs)
+        ]
         for thread in threads:
             thread.start()
         while (any(t.is_alive() for t in threads) or not inbox.empty()) and not any(self.errors):
@@ -152,19 +195,40 @@ class SeedGroup:
                 raise error
         return [seed for result in self.results for seed in seed_reports(dict(result.metrics or {}))]
 
-    def _fit(self, index: int, name: str, cfgs: list[TrialConfig], model_path: Path, tracking_uri: str | None,
-             run_ids: list, store, stop_file, trust_unsealed: bool, inbox, gate: threading.Semaphore) -> None:
+    def _fit(
+        self,
+        index: int,
+        name: str,
+        cfgs: list[TrialConfig],
+        model_path: Path,
+        tracking_uri: str | None,
+        run_ids: list,
+        store,
+        stop_file,
+        trust_unsealed: bool,
+        inbox,
+        gate: threading.Semaphore,
+    ) -> None:
         try:
             with gate:
-                result = fit_trial(cfgs, model_path, name=name, tracking_uri=tracking_uri, run_ids=run_ids,
-                                   store=store, run_callbacks=[SeedReport(inbox, index)], stop_file=stop_file,
-                                   trust_unsealed=trust_unsealed)
+                result = fit_trial(
+                    cfgs,
+                    model_path,
+                    name=name,
+                    tracking_uri=tracking_uri,
+                    run_ids=run_ids,
+                    store=store,
+                    run_callbacks=[SeedReport(inbox, index)],
+                    stop_file=stop_file,
+                    trust_unsealed=trust_unsealed,
+                )
             self.results[index] = result
             if result.error:
                 self.errors[index] = result.error
             elif result.metrics:  # a finished run, resumed, reports nothing new: its last metrics stand
-                self.history[index].setdefault(int(result.metrics.get("progress/step", 0)),
-                                               seed_reports(dict(result.metrics)))
+                self.history[index].setdefault(
+                    int(result.metrics.get("progress/step", 0)), seed_reports(dict(result.metrics))
+                )
         except BaseException as e:  # noqa: BLE001 - raised in the Tune trial's thread
             self.errors[index] = e
 
@@ -183,8 +247,9 @@ class SeedGroup:
                 else:
                     return  # this run has not reached the step yet
             self.reported = step
-            self.report({**group_metrics(reports, self.metric), "progress/step": step,
-                         HORIZON_KEY: self.cfgs[0].learner.steps})
+            self.report(
+                {**group_metrics(reports, self.metric), "progress/step": step, HORIZON_KEY: self.cfgs[0].learner.steps}
+            )
 
 
 def run_name(shown: dict[str, str], seed: int) -> str:
@@ -207,11 +272,24 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
         model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
         tracker = Tracker(tracking["uri"], cfgs[0].logging.experiment)
         shown = {"arm": sampled["arm"]} if arms is not None else short_params(sampled)
-        tags = {"kind": "trial", "stage": "study" if arms is not None else "select", "sweep": tracking["sweep"], "trial_id": config_id, "config": config_id,
-                **shown}
-        run_ids = [tracker.start_trial_run(cfg, parent_run_id=tracking["parent_run_id"], resume=True,
-                                           tags={**tags, "seed": str(cfg.seed)}, run_name=run_name(shown, cfg.seed))
-                   for cfg in cfgs]
+        tags = {
+            "kind": "trial",
+            "stage": "study" if arms is not None else "select",
+            "sweep": tracking["sweep"],
+            "trial_id": config_id,
+            "config": config_id,
+            **shown,
+        }
+        run_ids = [
+            tracker.start_trial_run(
+                cfg,
+                parent_run_id=tracking["parent_run_id"],
+                resume=True,
+                tags={**tags, "seed": str(cfg.seed)},
+                run_name=run_name(shown, cfg.seed),
+            )
+            for cfg in cfgs
+        ]
         store = load_offline(cfgs[0], model_path)  # the task's seed: the same teachers for every seed
         for run_id in run_ids:
             if store is not None:

@@ -15,9 +15,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from orchestrator.inputs import SpecError, check_trial_inputs
+from orchestrator.preflight import PROMPT_TOKENS, memory_report, model_positions
 from trainables.config import (
     AlgorithmConfig,
     CheckpointConfig,
@@ -33,18 +43,18 @@ from trainables.config import (
     TrialConfig,
     ValidationConfig,
 )
-from trainables.metrics import OBJECTIVE_NAMESPACES, unlogged
-from orchestrator.inputs import SpecError, check_trial_inputs
-from orchestrator.preflight import PROMPT_TOKENS, memory_report, model_positions
 from trainables.data.benchmarks import BenchmarkError, load_benchmark
+from trainables.metrics import OBJECTIVE_NAMESPACES, unlogged
+
 
 class SpecLoader(yaml.SafeLoader):
     """YAML as specs are read: safe, and `1e-4` a number as in YAML 1.2 (YAML 1.1 wants `1.0e-4`, and
     reads `1e-4` as text, which the strict check would refuse for a float field)."""
 
 
-SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-                                 list("-+0123456789"))
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 BEST_SPEC = "best_trial.yaml"  # a sweep's best configuration, ready for `train --best-of`
 # Counts that expand into runs, threads and Ray actors: bounded before anything is made.
@@ -146,8 +156,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         where = f" line {mark.line + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
     if data is None:  # `{}` asks for the defaults; an empty file is more likely a mistake
-        raise SpecError(f"{path}: the file is empty (or only comments); a spec is a mapping of sections, "
-                        "e.g. search_spaces/ead.yaml (write {} for every default)")
+        raise SpecError(
+            f"{path}: the file is empty (or only comments); a spec is a mapping of sections, "
+            "e.g. search_spaces/ead.yaml (write {} for every default)"
+        )
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of sections at the top, got {type(data).__name__}")
     return data
@@ -174,9 +186,11 @@ def check_positions(trial: TrialConfig, source: str) -> None:
     positions, where = model_positions(trial)
     needed = trial.rollout.max_new_tokens + PROMPT_TOKENS[trial.task.name]
     if positions is not None and needed > positions:
-        raise SpecError(f"{source}: rollout.max_new_tokens: {trial.rollout.max_new_tokens} response tokens + a "
-                        f"prompt allowance of {PROMPT_TOKENS[trial.task.name]} exceed the model's {positions} "
-                        f"positions ({where}); at most {positions - PROMPT_TOKENS[trial.task.name]}")
+        raise SpecError(
+            f"{source}: rollout.max_new_tokens: {trial.rollout.max_new_tokens} response tokens + a "
+            f"prompt allowance of {PROMPT_TOKENS[trial.task.name]} exceed the model's {positions} "
+            f"positions ({where}); at most {positions - PROMPT_TOKENS[trial.task.name]}"
+        )
 
 
 def check_future(moment: datetime | None, where: str) -> None:
@@ -203,6 +217,7 @@ def check_benchmark_files(trial: TrialConfig, source: str) -> None:
 
 def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     """A copy with the spec's local paths made absolute: trials run in their own working folders."""
+
     def absolute(path: Any) -> Any:  # anything but a local path string is left to validation
         return str(Path(path).expanduser().resolve()) if isinstance(path, str) and "://" not in path else path
 
@@ -281,20 +296,27 @@ class Distribution(Section):
 
 class SchedulerConfig(Section):
     name: Literal["intervals", "asha", "none"] = Field(
-        "intervals", description="Early stopping of weak configurations: `intervals` stops one only when its upper "
+        "intervals",
+        description="Early stopping of weak configurations: `intervals` stops one only when its upper "
         "bound at a rung lies below the rung's best lower bound (seed SD pooled over the rung; "
-        "orchestrator.decisions.prune); `asha` is Ray's rung rule on the means (keep the top 1/reduction_factor).")
-    grace_period: PositiveInt = Field(10, description="RL steps before a configuration can be stopped (the first rung).")
-    reduction_factor: float = Field(2.0, gt=1.0, description="Rungs at grace_period x reduction_factor^k; ASHA keeps "
-                                    "1/reduction_factor at each.")
+        "orchestrator.decisions.prune); `asha` is Ray's rung rule on the means (keep the top 1/reduction_factor).",
+    )
+    grace_period: PositiveInt = Field(
+        10, description="RL steps before a configuration can be stopped (the first rung)."
+    )
+    reduction_factor: float = Field(
+        2.0, gt=1.0, description="Rungs at grace_period x reduction_factor^k; ASHA keeps 1/reduction_factor at each."
+    )
     level: float = Field(0.95, gt=0.5, lt=1.0, description="`intervals`: the two-sided level of the bounds.")
 
 
 class SamplerConfig(Section):
     name: Literal["tpe", "random"] = Field("tpe", description="Optuna's sampler: TPE, or random search.")
     n_startup_trials: PositiveInt = Field(
-        2, description="TPE: trials (points_to_evaluate included) before it models; random until then. Optuna's "
-        "default of 10 would make a sweep of fewer configurations random search.")
+        2,
+        description="TPE: trials (points_to_evaluate included) before it models; random until then. Optuna's "
+        "default of 10 would make a sweep of fewer configurations random search.",
+    )
 
 
 class ConfirmConfig(Section):
@@ -303,11 +325,15 @@ class ConfirmConfig(Section):
     seeds: Seeds = Field(3, description="Seed pairs at the first look.")
     add: Seeds = Field(3, description="Seed pairs added at each further look.")
     max_seeds: Seeds = Field(6, description="Seed pairs at the last look: inconclusive there if undecided.")
-    margin: PositiveFloat | None = Field(None, description="Equivalence margin in the objective's units (TOST): "
-                                         "`equivalent within +-margin`; none: no equivalence verdict.")
+    margin: PositiveFloat | None = Field(
+        None,
+        description="Equivalence margin in the objective's units (TOST): "
+        "`equivalent within +-margin`; none: no equivalence verdict.",
+    )
     alpha: float = Field(0.05, gt=0, lt=0.5, description="Family-wise error of the sequential test, over all looks.")
     spending: Literal["obrien-fleming", "pocock"] = Field(
-        "obrien-fleming", description="How alpha is spent over the looks (Lan-DeMets spending functions).")
+        "obrien-fleming", description="How alpha is spent over the looks (Lan-DeMets spending functions)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ConfirmConfig:
@@ -333,19 +359,28 @@ class SearchConfig(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     confirm: ConfirmConfig | None = Field(
-        None, description="After the search, the winner and the baseline on fresh seeds (none of the search's), "
-        "paired, looked at sequentially: the verdict comes from these runs only.")
-    points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list,
-                                                     description="Settings tried first (e.g. the papers').")
+        None,
+        description="After the search, the winner and the baseline on fresh seeds (none of the search's), "
+        "paired, looked at sequentially: the verdict comes from these runs only.",
+    )
+    points_to_evaluate: list[dict[str, Any]] = Field(
+        default_factory=list, description="Settings tried first (e.g. the papers')."
+    )
     final: dict[str, Any] = Field(
-        default_factory=dict, description="Dotted trial field -> value for the final model, applied over the "
-        "best trial's settings in best_trial.yaml (`train --best-of`): longer, more learner workers, GPUs.")
+        default_factory=dict,
+        description="Dotted trial field -> value for the final model, applied over the "
+        "best trial's settings in best_trial.yaml (`train --best-of`): longer, more learner workers, GPUs.",
+    )
     seeds: Seeds = Field(
-        1, description="Seeds per configuration (the spec's seed + 0, 1, ...), trained side by side in one Tune "
-        "trial: the searcher and the scheduler see their mean; every number comes with a 95% interval over them.")
+        1,
+        description="Seeds per configuration (the spec's seed + 0, 1, ...), trained side by side in one Tune "
+        "trial: the searcher and the scheduler see their mean; every number comes with a 95% interval over them.",
+    )
     baseline: dict[str, Any] | None = Field(
-        None, description="The configuration the best one is compared with (paired over the same seeds); "
-        "default: the first of points_to_evaluate. Evaluated first.")
+        None,
+        description="The configuration the best one is compared with (paired over the same seeds); "
+        "default: the first of points_to_evaluate. Evaluated first.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
@@ -361,14 +396,18 @@ class SearchConfig(Section):
                 raise ValueError(f"points_to_evaluate[{i}]: {unknown} not in space; name searched fields only")
             for key, value in point.items():
                 if not self.space[key].contains(value):
-                    raise ValueError(f"points_to_evaluate[{i}]: {key} = {value!r} is outside its space "
-                                     f"{self.space[key].model_dump(exclude_none=True)}")
+                    raise ValueError(
+                        f"points_to_evaluate[{i}]: {key} = {value!r} is outside its space "
+                        f"{self.space[key].model_dump(exclude_none=True)}"
+                    )
         if not self.space:
             raise ValueError("space is empty: name at least one trial field, e.g. rollout.decoding.ead.tau_max")
         for metric in filter(None, (self.metric, self.second_metric)):
             if not metric.startswith(OBJECTIVE_NAMESPACES):
-                raise ValueError(f"metric {metric!r} is not a trial metric; use one of the names in docs/metrics.md "
-                                 f"(namespaces {', '.join(OBJECTIVE_NAMESPACES)})")
+                raise ValueError(
+                    f"metric {metric!r} is not a trial metric; use one of the names in docs/metrics.md "
+                    f"(namespaces {', '.join(OBJECTIVE_NAMESPACES)})"
+                )
         if self.second_metric and self.scheduler.name != "none":
             raise ValueError("a second objective needs scheduler.name: none (a scheduler stops on one metric)")
         if self.confirm and (self.second_metric or self.baseline is None):
@@ -381,8 +420,9 @@ class SearchConfig(Section):
         return self.seeds + (self.confirm.max_seeds if self.confirm else 0)
 
 
-def load_sweep_spec(path: str | Path, overrides: list[str] | None = None,
-                    check_files: bool = True) -> tuple[TrialConfig, SearchConfig, dict]:
+def load_sweep_spec(
+    path: str | Path, overrides: list[str] | None = None, check_files: bool = True
+) -> tuple[TrialConfig, SearchConfig, dict]:
     """(base trial, search, base trial data) from a spec with a `search:` section, all checked here:
     every searched field must make a valid trial at each bound or choice."""
     data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
@@ -400,8 +440,9 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None,
                 TrialConfig.model_validate(apply_overrides(data, {key: value}), strict=True)
             except (ValidationError, SpecError) as e:
                 first = format_validation_error("", e).splitlines()[0] if isinstance(e, ValidationError) else str(e)
-                raise SpecError(f"{path}: search.space.{key}: {value!r} does not make a valid trial "
-                                f"({first.removeprefix(': ')})") from None
+                raise SpecError(
+                    f"{path}: search.space.{key}: {value!r} does not make a valid trial ({first.removeprefix(': ')})"
+                ) from None
     try:
         TrialConfig.model_validate(apply_overrides(data, search.final), strict=True)
     except (ValidationError, SpecError) as e:
@@ -419,23 +460,36 @@ def derived_numbers(trial: TrialConfig, search: SearchConfig | None = None) -> s
     memory pre-flight (`--dry-run`)."""
     lr, ro = trial.learner, trial.rollout
     per_trial = trial.gpus
-    engine = ("colocated with the learner (sleep mode)" if ro.colocate else
-              f"{ro.num_gpus:g} GPU(s) each, tensor parallel {ro.tensor_parallel_size}" if ro.num_gpus else "CPU")
-    return "\n".join([
-        f"per RL step: {lr.prompts_per_step} prompts x {ro.group_size} rollouts = "
-        f"{lr.prompts_per_step * ro.group_size} sequences of <= {ro.max_new_tokens} new tokens, "
-        f"{lr.minibatches} optimizer step(s) of {lr.prompts_per_step // lr.minibatches} prompts",
-        f"per trial: {lr.steps} RL steps = {lr.steps * lr.minibatches} optimizer steps, "
-        f"{lr.steps * lr.prompts_per_step * ro.group_size} rollouts",
-        f"resources per trial: {lr.num_workers} learner rank(s) on {'GPUs' if lr.use_gpu else 'CPUs'} "
-        f"(ZeRO-{lr.zero_stage}), {ro.num_engines} rollout engine(s) ({ro.backend}) on {engine}: "
-        f"{per_trial:g} GPU(s)",
-        recipe_line(trial),
-        memory_report(trial),
-        *([f"sweep: {search.num_samples} configurations x {search.seeds} seed(s), {search.max_concurrent_trials} "
-           f"configuration(s) at once: {per_trial * search.max_concurrent_trials * search.seeds:g} GPUs busy"]
-          if search else []),
-    ])
+    engine = (
+        "colocated with the learner (sleep mode)"
+        if ro.colocate
+        else f"{ro.num_gpus:g} GPU(s) each, tensor parallel {ro.tensor_parallel_size}"
+        if ro.num_gpus
+        else "CPU"
+    )
+    return "\n".join(
+        [
+            f"per RL step: {lr.prompts_per_step} prompts x {ro.group_size} rollouts = "
+            f"{lr.prompts_per_step * ro.group_size} sequences of <= {ro.max_new_tokens} new tokens, "
+            f"{lr.minibatches} optimizer step(s) of {lr.prompts_per_step // lr.minibatches} prompts",
+            f"per trial: {lr.steps} RL steps = {lr.steps * lr.minibatches} optimizer steps, "
+            f"{lr.steps * lr.prompts_per_step * ro.group_size} rollouts",
+            f"resources per trial: {lr.num_workers} learner rank(s) on {'GPUs' if lr.use_gpu else 'CPUs'} "
+            f"(ZeRO-{lr.zero_stage}), {ro.num_engines} rollout engine(s) ({ro.backend}) on {engine}: "
+            f"{per_trial:g} GPU(s)",
+            recipe_line(trial),
+            memory_report(trial),
+            *(
+                [
+                    f"sweep: {search.num_samples} configurations x {search.seeds} seed(s), "
+                    f"{search.max_concurrent_trials} configuration(s) at once: "
+                    f"{per_trial * search.max_concurrent_trials * search.seeds:g} GPUs busy"
+                ]
+                if search
+                else []
+            ),
+        ]
+    )
 
 
 def recipe_line(trial: TrialConfig) -> str:
@@ -445,10 +499,15 @@ def recipe_line(trial: TrialConfig) -> str:
     algo, ro, ead = trial.algorithm, trial.rollout, trial.rollout.decoding.ead
     clip = "no clip" if algo.clip_low is None and algo.clip_high is None else f"clip {algo.clip_low}/{algo.clip_high}"
     norm = f" / {trial.loss_norm_len}" if algo.loss_agg == "seq-mean-token-sum-norm" else ""
-    decay = (f"; EAD d_s {ead_decay(1, d0=ead.d0):g} at RL step 1 to {ead_decay(trial.learner.steps, d0=ead.d0):g}"
-             if ro.decoding.schedule == "ead" else "")
-    return (f"objective: {algo.name}, std {'on' if algo.use_std else 'off'}, {clip}"
-            f"{f', dual clip {algo.dual_clip:g}' if algo.dual_clip else ''}, {algo.loss_agg}{norm}; learner log-probs "
-            f"at {'the rollout temperature' if trial.logprob_temperature == 'rollout' else 'T = 1'}; TIS "
-            f"{f'{ro.tis_level} cap {ro.tis_cap:g}' if ro.tis_cap else 'off'}; prompt {trial.prompt.template}"
-            f"{f' + prefill {trial.prompt.prefill!r}' if trial.prompt.prefill else ''}{decay}")
+    decay = (
+        f"; EAD d_s {ead_decay(1, d0=ead.d0):g} at RL step 1 to {ead_decay(trial.learner.steps, d0=ead.d0):g}"
+        if ro.decoding.schedule == "ead"
+        else ""
+    )
+    return (
+        f"objective: {algo.name}, std {'on' if algo.use_std else 'off'}, {clip}"
+        f"{f', dual clip {algo.dual_clip:g}' if algo.dual_clip else ''}, {algo.loss_agg}{norm}; learner log-probs "
+        f"at {'the rollout temperature' if trial.logprob_temperature == 'rollout' else 'T = 1'}; TIS "
+        f"{f'{ro.tis_level} cap {ro.tis_cap:g}' if ro.tis_cap else 'off'}; prompt {trial.prompt.template}"
+        f"{f' + prefill {trial.prompt.prefill!r}' if trial.prompt.prefill else ''}{decay}"
+    )

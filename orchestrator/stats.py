@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-
 LEVEL = 0.95
 POWER = 0.8
 MAX_SEEDS = 10_000  # "more than this" is reported as this: the difference is too small to chase
@@ -71,8 +70,9 @@ def stdev(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], se: float | None = None,
-                      level: float = LEVEL) -> Interval:
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], se: float | None = None, level: float = LEVEL
+) -> Interval:
     """d_r = a_r - b_r over the seeds both ran, and its interval (seed_interval of the d_r). With one
     seed, `se` is the standard error of one difference (e.g. √(se_a² + se_b²))."""
     if len(a) != len(b):
@@ -119,8 +119,14 @@ def seeds_text(n: int | None) -> str:
     return "-" if n is None else f">= {MAX_SEEDS}" if n >= MAX_SEEDS else str(n)
 
 
-def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the baseline",
-             label: str = "best - baseline", span: tuple[int, int] | None = None) -> str:
+def describe(
+    diff: Interval,
+    outcome: str,
+    seeds: int | None,
+    what: str = "the baseline",
+    label: str = "best - baseline",
+    span: tuple[int, int] | None = None,
+) -> str:
     """One line: the paired difference, its verdict, and (when inconclusive) the pairs a paired t-test
     at α = 0.05, power 0.8 would need at the measured effect, with that estimate's own range."""
     line = f"{label} = {diff.format()}: "
@@ -137,10 +143,16 @@ def describe(diff: Interval, outcome: str, seeds: int | None, what: str = "the b
 
 
 def needed_text(seeds: int, span: tuple[int, int] | None) -> str:
-    """"about N pairs (α 0.05 two-sided, power 0.8; A to B within the effect's 95% interval)"."""
+    """ "about N pairs (α 0.05 two-sided, power 0.8; A to B within the effect's 95% interval)"."""
     count = f"about {seeds}" if seeds < MAX_SEEDS else "more than any affordable number of"
-    within = "" if span is None else f"; {span[0]} to {'unbounded' if span[1] >= MAX_SEEDS else span[1]} within the effect's 95% interval"
-    return f"{count} seed pairs would give a paired t-test (alpha 0.05 two-sided) power 0.8 at the measured effect{within}"
+    within = (
+        ""
+        if span is None
+        else f"; {span[0]} to {'unbounded' if span[1] >= MAX_SEEDS else span[1]} within the effect's 95% interval"
+    )
+    return (
+        f"{count} seed pairs would give a paired t-test (alpha 0.05 two-sided) power 0.8 at the measured effect{within}"
+    )
 
 
 def effect_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:

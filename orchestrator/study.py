@@ -32,8 +32,8 @@ from orchestrator.cli import ExperimentFailed, cli, later, parser
 from orchestrator.console import console
 from orchestrator.spec import (
     Configurations,
-    Seeds,
     Section,
+    Seeds,
     SpecError,
     absolute_paths,
     apply_overrides,
@@ -60,14 +60,22 @@ PASS_AT = re.compile(r"val/[^/]+/pass_at_\d+")
 class StudyConfig(Section):
     """A study: named arms x seeds, compared with the first arm."""
 
-    arms: dict[str, dict[str, Any]] = Field(description="Arm name -> dotted trial field overrides; the first arm "
-                                            "is the reference the others are compared with.")
+    arms: dict[str, dict[str, Any]] = Field(
+        description="Arm name -> dotted trial field overrides; the first arm "
+        "is the reference the others are compared with."
+    )
     seeds: Seeds = Field(3, description="Seeds per arm (the spec's seed + 0, 1, ...).")
-    metric: str = Field("val/accuracy", description="The primary metric: reported at the end and against step; "
-                        "its verdicts over arms are Holm-adjusted. Every other metric is exploratory.")
+    metric: str = Field(
+        "val/accuracy",
+        description="The primary metric: reported at the end and against step; "
+        "its verdicts over arms are Holm-adjusted. Every other metric is exploratory.",
+    )
     mode: Literal["max", "min"] = Field("max")
-    margin: PositiveFloat | None = Field(None, description="Equivalence margin on the primary metric (TOST, "
-                                         "Holm-adjusted): `equivalent within +-margin`; none: no equivalence verdict.")
+    margin: PositiveFloat | None = Field(
+        None,
+        description="Equivalence margin on the primary metric (TOST, "
+        "Holm-adjusted): `equivalent within +-margin`; none: no equivalence verdict.",
+    )
     max_concurrent: Configurations = Field(1, description="Arms running at once (each runs its seeds side by side).")
 
     @field_validator("arms")
@@ -88,8 +96,9 @@ class StudyConfig(Section):
         return metric
 
 
-def load_study_spec(path: str | Path, overrides: list[str] | None = None,
-                    check_files: bool = True) -> tuple[TrialConfig, StudyConfig, dict]:
+def load_study_spec(
+    path: str | Path, overrides: list[str] | None = None, check_files: bool = True
+) -> tuple[TrialConfig, StudyConfig, dict]:
     """(base trial, study, base trial data), all checked here: every arm must make a valid trial."""
     data = absolute_paths(apply_overrides(read_yaml(path), parse_overrides(overrides)))
     raw = data.pop("study", None)
@@ -120,33 +129,53 @@ def run(spec: str, args) -> int:
     if args.dry_run:
         for name, arm in study.arms.items():
             console.print(f"arm {name}: {arm or '(the spec as it is)'}", highlight=False)
-        console.print(f"{len(study.arms)} arms x {study.seeds} seeds = {len(study.arms) * study.seeds} trials of "
-                      f"{base_cfg.learner.steps} steps, {study.max_concurrent} arm(s) at once", highlight=False)
+        console.print(
+            f"{len(study.arms)} arms x {study.seeds} seeds = {len(study.arms) * study.seeds} trials of "
+            f"{base_cfg.learner.steps} steps, {study.max_concurrent} arm(s) at once",
+            highlight=False,
+        )
         return 0
     from ray import tune
 
-    exp = experiment.start("study", experiment.given(args.name, base_cfg.name),
-                           experiment.given(args.storage, base_cfg.storage), base_cfg,
-                           tracking_uri=args.tracking_uri, spec=spec, params=study.model_dump(mode="json"),
-                           resume=args.resume, force=getattr(args, "force", False),
-                           trust_unsealed=getattr(args, "trust_unsealed", False), seeds=study.seeds,
-                           cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent, study.seeds))
+    exp = experiment.start(
+        "study",
+        experiment.given(args.name, base_cfg.name),
+        experiment.given(args.storage, base_cfg.storage),
+        base_cfg,
+        tracking_uri=args.tracking_uri,
+        spec=spec,
+        params=study.model_dump(mode="json"),
+        resume=args.resume,
+        force=getattr(args, "force", False),
+        trust_unsealed=getattr(args, "trust_unsealed", False),
+        seeds=study.seeds,
+        cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent, study.seeds),
+    )
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})
-    console.print(f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
-                  f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}")
+    console.print(
+        f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
+        f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}"
+    )
     trainable = tune_trial.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
     seeds = [base_cfg.seed + r for r in range(study.seeds)]
 
     def tune_config():
         return tune.TuneConfig(metric=study.metric, mode=study.mode, max_concurrent_trials=study.max_concurrent)
 
-    experiment.fit(exp, trainable, tune_config, seeds, args.resume,
-                   param_space={"arm": tune.grid_search(list(study.arms))})
+    experiment.fit(
+        exp, trainable, tune_config, seeds, args.resume, param_space={"arm": tune.grid_search(list(study.arms))}
+    )
     result = collect(exp, study)
     write(result, exp.folder)
-    exp.tracker.finish_sweep(exp.parent, {}, {"wall_s": time.perf_counter() - exp.started},
-                             tables={"study.md": (exp.folder / "study.md").read_text(),
-                                     "study.json": (exp.folder / "study.json").read_text()})
+    exp.tracker.finish_sweep(
+        exp.parent,
+        {},
+        {"wall_s": time.perf_counter() - exp.started},
+        tables={
+            "study.md": (exp.folder / "study.md").read_text(),
+            "study.json": (exp.folder / "study.json").read_text(),
+        },
+    )
     console.print((exp.folder / "study.md").read_text(), highlight=False, soft_wrap=True)
     experiment.write_report(exp)
     console.print(f"study done in {time.perf_counter() - exp.started:.0f} s: {exp.folder / 'study.md'}")
@@ -156,10 +185,13 @@ def run(spec: str, args) -> int:
 def seed_runs(exp, study: StudyConfig) -> dict[str, list]:
     """Each arm's runs in seed order, from MLflow."""
     client, tracker = exp.tracker.client, exp.tracker
-    runs = client.search_runs([tracker.experiment_id], tracking.tags_filter(sweep=exp.name, kind="trial"),
-                              max_results=10_000)
-    by_arm = {name: sorted((r for r in runs if r.data.tags.get("arm") == name), key=lambda r: int(r.data.params["seed"]))
-              for name in study.arms}
+    runs = client.search_runs(
+        [tracker.experiment_id], tracking.tags_filter(sweep=exp.name, kind="trial"), max_results=10_000
+    )
+    by_arm = {
+        name: sorted((r for r in runs if r.data.tags.get("arm") == name), key=lambda r: int(r.data.params["seed"]))
+        for name in study.arms
+    }
     if not any(by_arm.values()):
         raise ExperimentFailed(f"no arm of {exp.name} recorded a run; their errors are in {exp.uri}/tune")
     return by_arm
@@ -179,9 +211,12 @@ def band(histories: list[list[tuple[int, float]]]) -> dict[str, list[float]]:
 
 def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
     """One arm: the state of each seed, its final values, and each curve's band."""
-    final = {key: [r.data.metrics.get(key) for r in runs] for key in
-             sorted({k for r in runs for k in r.data.metrics if k == study.metric or PASS_AT.fullmatch(k)}
-                    | set(CURVES))}
+    final = {
+        key: [r.data.metrics.get(key) for r in runs]
+        for key in sorted(
+            {k for r in runs for k in r.data.metrics if k == study.metric or PASS_AT.fullmatch(k)} | set(CURVES)
+        )
+    }
     final = {k: v for k, v in final.items() if v and all(x is not None for x in v)}
     se = [r.data.metrics.get(tune_trial.SE_KEY) for r in runs]
     curves, steps = {}, []
@@ -200,9 +235,13 @@ def arm_summary(client, runs: list, study: StudyConfig) -> dict[str, Any]:
         "seeds": [int(r.data.params["seed"]) for r in runs],
         "steps": steps,
         "states": [r.data.tags.get("state", "?") for r in runs],
-        "final": {k: {"values": v,
-                      **interval_dict(stats.seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None))}
-                  for k, v in final.items()},
+        "final": {
+            k: {
+                "values": v,
+                **interval_dict(stats.seed_interval(v, se[0] if len(v) == 1 and k == study.metric else None)),
+            }
+            for k, v in final.items()
+        },
         "validation_se": sum(x for x in se if x is not None) / max(1, sum(x is not None for x in se)),
         "curves": curves,
     }
@@ -216,29 +255,53 @@ def interval_dict(interval) -> dict[str, float]:
     return {"mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high}
 
 
-def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | None = None) -> dict[str, dict[str, dict]]:
+def differences(
+    arms: dict[str, dict], mode: str, metric: str, margin: float | None = None
+) -> dict[str, dict[str, dict]]:
     """Each arm's paired difference from the first, at the end, for every final value they share. The
     primary metric's verdicts are Holm-adjusted over the arms (`decisions.family_verdicts`); every other
     metric's verdict is its own 95% interval's, labelled exploratory."""
     names = list(arms)
     first = arms[names[0]]
-    apart = {name: why for name in names[1:] if (why := summary.incomparable(
-        arms[name].get("overrides", {}), first.get("overrides", {}), arms[name].get("steps"), first.get("steps")))}
-    paired = {name: {key: (a["values"], first["final"][key]["values"]) for key, a in arms[name]["final"].items()
-                     if key in first["final"] and len(a["values"]) == len(first["final"][key]["values"])}
-              for name in names[1:] if name not in apart}
-    primary = decisions.family_verdicts({name: [x - y for x, y in zip(*pairs[metric])] for name, pairs in paired.items()
-                               if metric in pairs}, margin=margin, mode=mode)
-    out: dict[str, dict[str, dict]] = {name: {metric: {"verdict": "not compared", "role": "primary",
-                                                       "line": f"{name} - {names[0]}: not compared: {why}"}}
-                                       for name, why in apart.items()}
+    apart = {
+        name: why
+        for name in names[1:]
+        if (
+            why := summary.incomparable(
+                arms[name].get("overrides", {}), first.get("overrides", {}), arms[name].get("steps"), first.get("steps")
+            )
+        )
+    }
+    paired = {
+        name: {
+            key: (a["values"], first["final"][key]["values"])
+            for key, a in arms[name]["final"].items()
+            if key in first["final"] and len(a["values"]) == len(first["final"][key]["values"])
+        }
+        for name in names[1:]
+        if name not in apart
+    }
+    primary = decisions.family_verdicts(
+        {name: [x - y for x, y in zip(*pairs[metric])] for name, pairs in paired.items() if metric in pairs},
+        margin=margin,
+        mode=mode,
+    )
+    out: dict[str, dict[str, dict]] = {
+        name: {
+            metric: {"verdict": "not compared", "role": "primary", "line": f"{name} - {names[0]}: not compared: {why}"}
+        }
+        for name, why in apart.items()
+    }
     for name, pairs in paired.items():
         rows = {}
         for key, (a, b) in pairs.items():
             diff, diffs = stats.paired_difference(a, b), [x - y for x, y in zip(a, b)]
             direction = mode if key in (metric, area_key(metric)) or PASS_AT.fullmatch(key) else "max"
-            row = {**interval_dict(diff), "seeds_needed": stats.seeds_needed(diffs),
-                   "seeds_range": stats.seeds_range(diffs)}
+            row = {
+                **interval_dict(diff),
+                "seeds_needed": stats.seeds_needed(diffs),
+                "seeds_range": stats.seeds_range(diffs),
+            }
             if key == metric:
                 row.update(primary[name], role="primary")
             else:
@@ -253,45 +316,70 @@ def differences(arms: dict[str, dict], mode: str, metric: str, margin: float | N
 def collect(exp, study: StudyConfig) -> dict[str, Any]:
     """The study's numbers, all from its MLflow runs."""
     by_arm = seed_runs(exp, study)
-    arms = {name: {"overrides": study.arms[name], **arm_summary(exp.tracker.client, runs, study)}
-            for name, runs in by_arm.items() if runs}
+    arms = {
+        name: {"overrides": study.arms[name], **arm_summary(exp.tracker.client, runs, study)}
+        for name, runs in by_arm.items()
+        if runs
+    }
     finals = [arm["final"][study.metric]["values"] for arm in arms.values() if study.metric in arm["final"]]
     sd, df = decisions.pooled_sd(finals)
     pooled = sd if df else None
-    return {"name": exp.name, "metric": study.metric, "mode": study.mode, "seeds": study.seeds, "arms": arms,
-            "differences": differences(arms, study.mode, study.metric, study.margin), "margin": study.margin,
-            "noise": {"seed_sd": pooled, "validation_se": sum(a["validation_se"] for a in arms.values()) / len(arms)}}
+    return {
+        "name": exp.name,
+        "metric": study.metric,
+        "mode": study.mode,
+        "seeds": study.seeds,
+        "arms": arms,
+        "differences": differences(arms, study.mode, study.metric, study.margin),
+        "margin": study.margin,
+        "noise": {"seed_sd": pooled, "validation_se": sum(a["validation_se"] for a in arms.values()) / len(arms)},
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
     metric, arms = result["metric"], result["arms"]
     keys = [metric, *sorted({k for a in arms.values() for k in a["final"] if k != metric})]
-    lines = [f"# study {result['name']}", "",
-             f"{len(arms)} arms x {result['seeds']} seeds; 95% intervals over seeds (Student t). Validation standard "
-             f"error of {metric}: {result['noise']['validation_se']:.3f}; seed-to-seed SD: "
-             + (f"{result['noise']['seed_sd']:.3f}" if result['noise']['seed_sd'] is not None else "-") + ".", "",
-             "## At the end", "", "| arm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    lines = [
+        f"# study {result['name']}",
+        "",
+        f"{len(arms)} arms x {result['seeds']} seeds; 95% intervals over seeds (Student t). Validation standard "
+        f"error of {metric}: {result['noise']['validation_se']:.3f}; seed-to-seed SD: "
+        + (f"{result['noise']['seed_sd']:.3f}" if result["noise"]["seed_sd"] is not None else "-")
+        + ".",
+        "",
+        "## At the end",
+        "",
+        "| arm | " + " | ".join(keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
     for name, arm in arms.items():
         cells = [fmt(arm["final"].get(k)) for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     first = next(iter(arms))
     margin = result.get("margin")
-    lines += ["", f"## Paired differences from {first}", "",
-              f"Primary metric: {metric}; its verdicts are Holm-adjusted over the {len(arms) - 1} comparisons "
-              f"(family-wise alpha 0.05{f', equivalence by TOST within +-{margin:g}' if margin else ''}). Every other "
-              "metric is exploratory: its verdict is its own unadjusted 95% interval's. Seeds needed: pairs for a "
-              "paired t-test at alpha 0.05 (two-sided) with power 0.8 at the measured effect, and the range over "
-              "the effect's 95% interval (post hoc: a rough guide, not a promise).", "",
-              "| arm | metric | role | difference [95% CI] | p (Holm) | verdict | seeds needed [range] |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## Paired differences from {first}",
+        "",
+        f"Primary metric: {metric}; its verdicts are Holm-adjusted over the {len(arms) - 1} comparisons "
+        f"(family-wise alpha 0.05{f', equivalence by TOST within +-{margin:g}' if margin else ''}). Every other "
+        "metric is exploratory: its verdict is its own unadjusted 95% interval's. Seeds needed: pairs for a "
+        "paired t-test at alpha 0.05 (two-sided) with power 0.8 at the measured effect, and the range over "
+        "the effect's 95% interval (post hoc: a rough guide, not a promise).",
+        "",
+        "| arm | metric | role | difference [95% CI] | p (Holm) | verdict | seeds needed [range] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, rows in result["differences"].items():
         for key, row in rows.items():
             if row["verdict"] == "not compared":
                 lines.append(f"| {name} | {key} | {row['role']} | - | - | {row['line'].split(': ', 1)[1]} | - |")
                 continue
             p = f"{row['p_holm']:.3f}" if row.get("p_holm") == row.get("p_holm") and "p_holm" in row else "-"
-            lines.append(f"| {name} | {key} | {row['role']} | {fmt(row)} | {p} | {row['verdict']} | "
-                         f"{seeds_cell(row['seeds_needed'], row['seeds_range'])} |")
+            lines.append(
+                f"| {name} | {key} | {row['role']} | {fmt(row)} | {p} | {row['verdict']} | "
+                f"{seeds_cell(row['seeds_needed'], row['seeds_range'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -356,8 +444,9 @@ def plot_pass_at_k(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = parser("python -m orchestrator.study", __doc__, "study", "search_spaces/studies/ead_vs_fixed.yaml",
-                     "arms")
+    command = parser(
+        "python -m orchestrator.study", __doc__, "study", "search_spaces/studies/ead_vs_fixed.yaml", "arms"
+    )
     command.add_argument("--seeds", type=int, help="seeds per arm (default: study.seeds)")
     return cli(run, command, argv)
 

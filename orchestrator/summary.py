@@ -29,8 +29,9 @@ class ConfigSummary:
     metrics: dict[str, float]
 
 
-def summarize(results, metric: str, keys: list[str], uri: str | None = None,
-              seeds_of: Callable[[str], list] | None = None) -> list[ConfigSummary]:
+def summarize(
+    results, metric: str, keys: list[str], uri: str | None = None, seeds_of: Callable[[str], list] | None = None
+) -> list[ConfigSummary]:
     """Every configuration of a ResultGrid, in the order Tune made them. One that ended short of its last
     step is read from durable records (`seeds.outcome`): the scheduler's stops under `uri`, and
     `seeds_of(config_id)`, its seed runs' own (steps, learner.steps, objective), where Tune lost its last
@@ -38,8 +39,13 @@ def summarize(results, metric: str, keys: list[str], uri: str | None = None,
     out = []
     for r in results:
         m, config_id = dict(r.metrics or {}), trial_id_of(r)
-        values = [m[k] for k in sorted((k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
-                                       key=lambda k: int(k.split("/")[1]))]
+        values = [
+            m[k]
+            for k in sorted(
+                (k for k in m if k.startswith("seeds/") and k.endswith(f"/{metric}")),
+                key=lambda k: int(k.split("/")[1]),
+            )
+        ]
         steps, state = int(m.get("progress/step", 0)), "errored" if r.error else "finished"
         if not r.error:
             state, _, seeds = ended(m, uri, config_id, seeds_of)
@@ -47,8 +53,18 @@ def summarize(results, metric: str, keys: list[str], uri: str | None = None,
                 values, steps = [v for _, _, v in seeds], seeds[0][1]
         se = m.get(SE_KEY)
         values = [v for v in values if v is not None]
-        out.append(ConfigSummary(config_id, {k: (r.config or {}).get(k) for k in keys}, state, steps, values,
-                                 seed_interval(values, se) if values else None, se, m))
+        out.append(
+            ConfigSummary(
+                config_id,
+                {k: (r.config or {}).get(k) for k in keys},
+                state,
+                steps,
+                values,
+                seed_interval(values, se) if values else None,
+                se,
+                m,
+            )
+        )
     return out
 
 
@@ -75,8 +91,15 @@ class Comparison:
 
 
 # Settings that change what the objective measures: the validation's problems, samples, decoding, length.
-MEASUREMENT = ("validation.", "task.name", "task.levels", "task.val_size", "task.seed", "prompt.",
-               "rollout.max_new_tokens")
+MEASUREMENT = (
+    "validation.",
+    "task.name",
+    "task.levels",
+    "task.val_size",
+    "task.seed",
+    "prompt.",
+    "rollout.max_new_tokens",
+)
 
 
 def incomparable(a_params: dict[str, Any], b_params: dict[str, Any], a_steps, b_steps) -> str | None:
@@ -84,8 +107,9 @@ def incomparable(a_params: dict[str, Any], b_params: dict[str, Any], a_steps, b_
     different validations), or None. Params: each side's overrides of the common spec."""
     if a_steps != b_steps:
         return f"their values come from different steps ({a_steps} and {b_steps})"
-    differ = sorted(k for k in a_params.keys() | b_params.keys()
-                    if k.startswith(MEASUREMENT) and a_params.get(k) != b_params.get(k))
+    differ = sorted(
+        k for k in a_params.keys() | b_params.keys() if k.startswith(MEASUREMENT) and a_params.get(k) != b_params.get(k)
+    )
     if differ:
         return f"they are measured by different validations ({', '.join(differ)})"
     return None
@@ -101,8 +125,9 @@ def compare(a: ConfigSummary, b: ConfigSummary, mode: str) -> Comparison | None:
     diff = paired_difference(a.values[:n], b.values[:n], se)
     diffs = [x - y for x, y in zip(a.values[:n], b.values[:n])]
     seeds = diff.source == "seeds"
-    return Comparison(diff, verdict(diff, mode), seeds_needed(diffs) if seeds else None,
-                      seeds_range(diffs) if seeds else None)
+    return Comparison(
+        diff, verdict(diff, mode), seeds_needed(diffs) if seeds else None, seeds_range(diffs) if seeds else None
+    )
 
 
 def pooled_seed_sd(summaries: list[ConfigSummary]) -> float | None:
@@ -117,22 +142,49 @@ def noise_line(summaries: list[ConfigSummary], metric: str) -> str:
     """How much of the noise is measurement (the validation's standard error) and how much training (seeds)."""
     se = [s.se for s in summaries if s.se is not None]
     sd = pooled_seed_sd(summaries)
-    parts = [f"validation standard error of {metric}: {sum(se) / len(se):.3f} (its problems and samples)" if se
-             else f"no standard error reported for {metric}"]
-    parts.append(f"seed-to-seed SD: {sd:.3f} (measurement and training together)" if sd is not None
-                 else "one seed per configuration: the intervals ignore seed noise")
+    parts = [
+        f"validation standard error of {metric}: {sum(se) / len(se):.3f} (its problems and samples)"
+        if se
+        else f"no standard error reported for {metric}"
+    ]
+    parts.append(
+        f"seed-to-seed SD: {sd:.3f} (measurement and training together)"
+        if sd is not None
+        else "one seed per configuration: the intervals ignore seed noise"
+    )
     return "; ".join(parts)
 
 
-def markdown_table(summaries: list[ConfigSummary], metric: str, keys: list[str], names: dict[str, str] | None = None) -> str:
+def markdown_table(
+    summaries: list[ConfigSummary], metric: str, keys: list[str], names: dict[str, str] | None = None
+) -> str:
     """The configurations as a Markdown table: state, steps, mean and 95% interval, each seed's value."""
-    header = ["configuration", "state", "steps", f"{metric} mean [95% CI]", "seeds", "val SE",
-              *short_params(dict.fromkeys(keys, 0))]
+    header = [
+        "configuration",
+        "state",
+        "steps",
+        f"{metric} mean [95% CI]",
+        "seeds",
+        "val SE",
+        *short_params(dict.fromkeys(keys, 0)),
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
         name = (names or {}).get(s.config_id, s.config_id)
         seeds = ", ".join(f"{v:.3f}" for v in s.values) or "-"
-        lines.append("| " + " | ".join([name, s.state, str(s.steps), s.interval.format() if s.interval else "-", seeds,
-                                        f"{s.se:.3f}" if s.se is not None else "-",
-                                        *short_params({k: s.params.get(k) for k in keys}).values()]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    s.state,
+                    str(s.steps),
+                    s.interval.format() if s.interval else "-",
+                    seeds,
+                    f"{s.se:.3f}" if s.se is not None else "-",
+                    *short_params({k: s.params.get(k) for k in keys}).values(),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"

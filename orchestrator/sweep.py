@@ -26,9 +26,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.table import Table
@@ -85,8 +83,12 @@ def make_sampler(search: SearchConfig):
         return optuna.samplers.RandomSampler(seed=search.seed)
     with warnings.catch_warnings():  # multivariate and constant_liar are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.sampler.n_startup_trials,
-                                          multivariate=True, constant_liar=search.max_concurrent_trials > 1)
+        return optuna.samplers.TPESampler(
+            seed=search.seed,
+            n_startup_trials=search.sampler.n_startup_trials,
+            multivariate=True,
+            constant_liar=search.max_concurrent_trials > 1,
+        )
 
 
 def make_searcher(search: SearchConfig, study_file: Path, name: str, tracking: dict | None = None):
@@ -97,9 +99,16 @@ def make_searcher(search: SearchConfig, study_file: Path, name: str, tracking: d
     space, _ = optuna_space(search)
     metric, mode = objectives(search)
     storage = optuna.storages.RDBStorage(f"sqlite:///{study_file}")
-    return StepOptunaSearch(space, metric=metric, mode=mode, sampler=make_sampler(search), study_name=name,
-                            storage=storage, tracking=tracking,
-                            points_to_evaluate=[p for p in search.points_to_evaluate if p] or None)
+    return StepOptunaSearch(
+        space,
+        metric=metric,
+        mode=mode,
+        sampler=make_sampler(search),
+        study_name=name,
+        storage=storage,
+        tracking=tracking,
+        points_to_evaluate=[p for p in search.points_to_evaluate if p] or None,
+    )
 
 
 def make_scheduler(search: SearchConfig, steps: int, record_to: str | None = None):
@@ -111,13 +120,21 @@ def make_scheduler(search: SearchConfig, steps: int, record_to: str | None = Non
 
     sched = search.scheduler
     if sched.name == "intervals":
-        return IntervalRungs(rungs(min(sched.grace_period, steps), sched.reduction_factor, steps), sched.level,
-                             record_to=record_to)
-    return RecordedASHA(time_attr="progress/step", max_t=steps, grace_period=min(sched.grace_period, steps),
-                        reduction_factor=sched.reduction_factor, record_to=record_to)
+        return IntervalRungs(
+            rungs(min(sched.grace_period, steps), sched.reduction_factor, steps), sched.level, record_to=record_to
+        )
+    return RecordedASHA(
+        time_attr="progress/step",
+        max_t=steps,
+        grace_period=min(sched.grace_period, steps),
+        reduction_factor=sched.reduction_factor,
+        record_to=record_to,
+    )
 
 
-def trial_config(base: dict, sampled: dict[str, Any], fixed: dict[str, Any], trial_id: str, storage: str) -> TrialConfig:
+def trial_config(
+    base: dict, sampled: dict[str, Any], fixed: dict[str, Any], trial_id: str, storage: str
+) -> TrialConfig:
     data = apply_overrides(base, {**fixed, **sampled, "name": trial_id, "storage": storage})
     return TrialConfig.model_validate(data)
 
@@ -127,9 +144,15 @@ def ranked_table(summaries: list[ConfigSummary], search: SearchConfig, keys: lis
     short = short_params(dict.fromkeys(keys, 0))
     table = number_table(title, ["config", "state", "steps", "mean [95% CI]", "per seed", "val SE", *short])
     for s in ranked(summaries, search):
-        table.add_row(s.config_id, s.state, str(s.steps), s.interval.format() if s.interval else "-",
-                      " ".join(f"{v:.3f}" for v in s.values) or "-", f"{s.se:.3f}" if s.se is not None else "-",
-                      *short_params({k: s.params.get(k) for k in keys}).values())
+        table.add_row(
+            s.config_id,
+            s.state,
+            str(s.steps),
+            s.interval.format() if s.interval else "-",
+            " ".join(f"{v:.3f}" for v in s.values) or "-",
+            f"{s.se:.3f}" if s.se is not None else "-",
+            *short_params({k: s.params.get(k) for k in keys}).values(),
+        )
     return table
 
 
@@ -145,7 +168,9 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
     space, _ = optuna_space(search)
     console.print(derived_numbers(TrialConfig.model_validate(base), search), soft_wrap=True)
     console.print(f"space: {', '.join(space) or '(fixed only)'}; fixed: {fixed or '-'}")
-    study = optuna.create_study(sampler=make_sampler(search), direction="maximize" if search.mode == "max" else "minimize")
+    study = optuna.create_study(
+        sampler=make_sampler(search), direction="maximize" if search.mode == "max" else "minimize"
+    )
     for point in search.points_to_evaluate:
         study.enqueue_trial(point)
     for i in range(count):
@@ -166,28 +191,47 @@ def run(spec: str, args) -> int:
     if args.dry_run:
         dry_run(search, base, fixed)
         return 0
-    exp = experiment.start("sweep", experiment.given(args.name, base_cfg.name),
-                           experiment.given(args.storage, base_cfg.storage), base_cfg,
-                           tracking_uri=args.tracking_uri, spec=spec, params=search.model_dump(mode="json"),
-                           resume=args.resume, force=getattr(args, "force", False),
-                           trust_unsealed=getattr(args, "trust_unsealed", False), seeds=search.all_seeds,
-                           cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds))
+    exp = experiment.start(
+        "sweep",
+        experiment.given(args.name, base_cfg.name),
+        experiment.given(args.storage, base_cfg.storage),
+        base_cfg,
+        tracking_uri=args.tracking_uri,
+        spec=spec,
+        params=search.model_dump(mode="json"),
+        resume=args.resume,
+        force=getattr(args, "force", False),
+        trust_unsealed=getattr(args, "trust_unsealed", False),
+        seeds=search.all_seeds,
+        cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds),
+    )
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
-    console.print(f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
-                  f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}")
+    console.print(
+        f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
+        f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}"
+    )
     runs = search.seeds if base_cfg.learner.use_gpu else 1  # a configuration's runs (orchestrator/seeds.py: runs_of)
     search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials * runs) // runs or 1
     steps = fixed.get("learner.steps", base_cfg.learner.steps)
     if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
         steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial
     trainable = tune_trial.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
+
     def tune_config():
-        tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name,
-                    "storage": exp.uri}
-        return tune.TuneConfig(search_alg=make_searcher(search, exp.folder / experiment.STUDY_FILE, exp.name, tracking),
-                               scheduler=make_scheduler(search, steps, record_to=exp.uri),
-                               metric=search.metric, mode=search.mode, num_samples=search.num_samples,
-                               max_concurrent_trials=search.max_concurrent_trials)
+        tracking = {
+            "uri": exp.tracking_uri,
+            "experiment": exp.tracker.experiment,
+            "sweep": exp.name,
+            "storage": exp.uri,
+        }
+        return tune.TuneConfig(
+            search_alg=make_searcher(search, exp.folder / experiment.STUDY_FILE, exp.name, tracking),
+            scheduler=make_scheduler(search, steps, record_to=exp.uri),
+            metric=search.metric,
+            mode=search.mode,
+            num_samples=search.num_samples,
+            max_concurrent_trials=search.max_concurrent_trials,
+        )
 
     results = experiment.fit(exp, trainable, tune_config, seed_list(base_cfg, search.seeds), args.resume)
     report(results, search, exp, base, fixed)
@@ -207,8 +251,9 @@ def is_baseline(config: ConfigSummary, baseline: dict[str, Any] | None) -> bool:
     return baseline is not None and all(config.params.get(k) == v for k, v in baseline.items())
 
 
-def baseline_and_challenger(summaries: list[ConfigSummary], finished: list[ConfigSummary],
-                            search: SearchConfig) -> tuple[ConfigSummary | None, ConfigSummary | None]:
+def baseline_and_challenger(
+    summaries: list[ConfigSummary], finished: list[ConfigSummary], search: SearchConfig
+) -> tuple[ConfigSummary | None, ConfigSummary | None]:
     """(the baseline, the best configuration other than it that ran to the end); None where missing."""
     baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
     return baseline, next((s for s in finished if s is not baseline), None)
@@ -218,8 +263,9 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     """Print the ranked configurations, the selection's estimate and, with `search.confirm`, the
     confirmation's verdict; write the final model's spec; close the parent run with all of it."""
     keys = list(optuna_space(search)[0])
-    summaries = summary.summarize(results, search.metric, keys, exp.uri,
-                                     lambda config: exp.tracker.config_seeds(exp.name, config, search.metric))
+    summaries = summary.summarize(
+        results, search.metric, keys, exp.uri, lambda config: exp.tracker.config_seeds(exp.name, config, search.metric)
+    )
     console.print(ranked_table(summaries, search, keys))
     console.print(summary.noise_line(summaries, search.metric), highlight=False, soft_wrap=True)
     scored = [s for s in summaries if s.interval is not None]
@@ -230,7 +276,9 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
     finished = ranked([s for s in scored if s.state == "finished"] or scored, search)
     best = finished[0]
     lines, metrics, tags = verdict_against_baseline(summaries, finished, search)
-    tags["selected_best"] = best.config_id  # first in the selection's ranking (`best_trial`: what the final model trains)
+    tags["selected_best"] = (
+        best.config_id
+    )  # first in the selection's ranking (`best_trial`: what the final model trains)
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
     final, more = best, []
@@ -238,55 +286,97 @@ def report(results, search: SearchConfig, exp: Experiment, base: dict, fixed: di
         more, final = confirmation(exp, apply_overrides(base, fixed), summaries, finished, search, metrics, tags)
         lines += more
     # The final model's spec: the chosen settings, then the spec's `search.final` (longer, bigger).
-    cfg = trial_config(base, {**final.params, **search.final}, fixed, f"{exp.folder.name}-best",
-                       base.get("storage", "runs"))
+    cfg = trial_config(
+        base, {**final.params, **search.final}, fixed, f"{exp.folder.name}-best", base.get("storage", "runs")
+    )
     path = exp.folder / BEST_SPEC
-    path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    path.write_text(
+        "".join(f"# {line}\n" for line in lines) + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    )
     console.print(f"the final model's spec: {path}  (python -m orchestrator.train --best-of {exp.folder})")
     chosen = {"trial_id": final.config_id, "metric": final.interval.mean, "params": final.params, "spec": str(path)}
     baseline = next((s for s in summaries if is_baseline(s, search.baseline)), None)
-    names = {c: f"{c} ({role})" for c, role in roles(baseline and baseline.config_id, best.config_id,
-                                                     final.config_id).items()}
-    table = (summary.markdown_table(ranked(summaries, search), search.metric, keys, names) + "\n"
-             + "\n\n".join(lines) + "\n")
-    exp.tracker.finish_sweep(exp.parent, chosen, {"wall_s": time.perf_counter() - exp.started},
-                             metrics={"best/ci_low": final.interval.low, "best/ci_high": final.interval.high, **metrics},
-                             tags=tags, tables={"configurations.md": table},
-                             description="\n\n".join(more or lines[1:] or lines))  # the verdict, the final one first
+    names = {
+        c: f"{c} ({role})"
+        for c, role in roles(baseline and baseline.config_id, best.config_id, final.config_id).items()
+    }
+    table = (
+        summary.markdown_table(ranked(summaries, search), search.metric, keys, names) + "\n" + "\n\n".join(lines) + "\n"
+    )
+    exp.tracker.finish_sweep(
+        exp.parent,
+        chosen,
+        {"wall_s": time.perf_counter() - exp.started},
+        metrics={"best/ci_low": final.interval.low, "best/ci_high": final.interval.high, **metrics},
+        tags=tags,
+        tables={"configurations.md": table},
+        description="\n\n".join(more or lines[1:] or lines),
+    )  # the verdict, the final one first
     return chosen
 
 
-def verdict_against_baseline(summaries: list[ConfigSummary], finished: list[ConfigSummary],
-                             search: SearchConfig) -> tuple[list[str], dict[str, float], dict[str, str]]:
+def verdict_against_baseline(
+    summaries: list[ConfigSummary], finished: list[ConfigSummary], search: SearchConfig
+) -> tuple[list[str], dict[str, float], dict[str, str]]:
     """(lines to print, the parent run's metrics, its tags): the selection's estimate. It is about the
     best configuration other than the baseline (the baseline, when best, differs from itself by zero;
     the question is whether the search found anything better than where it started), measured on the
     seeds that chose it: biased upward, labelled so, and the verdict only when nothing confirms it."""
     best = finished[0]
     baseline, challenger = baseline_and_challenger(summaries, finished, search)
-    lines = [f"best configuration {best.config_id}{' (the baseline)' if best is baseline else ''}: {search.metric} = "
-             f"{best.interval.format()} over {len(best.values)} seed(s), with "
-             + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())]
+    lines = [
+        f"best configuration {best.config_id}{' (the baseline)' if best is baseline else ''}: {search.metric} = "
+        f"{best.interval.format()} over {len(best.values)} seed(s), with "
+        + " ".join(f"--set {k}={v:.6g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in best.params.items())
+    ]
     result = summary.compare(challenger, baseline, search.mode) if baseline and challenger else None
     if result is None:
-        why = (baseline and challenger and summary.incomparable(challenger.params, baseline.params, challenger.steps,
-                                                                   baseline.steps))
-        lines.append(f"no selection estimate: {why}" if why else "no selection estimate: no baseline (search.baseline, "
-                     "or points_to_evaluate), or no other configuration that ran to the end")
+        why = (
+            baseline
+            and challenger
+            and summary.incomparable(challenger.params, baseline.params, challenger.steps, baseline.steps)
+        )
+        lines.append(
+            f"no selection estimate: {why}"
+            if why
+            else "no selection estimate: no baseline (search.baseline, "
+            "or points_to_evaluate), or no other configuration that ran to the end"
+        )
         return lines, {}, {}
-    label = "selected best - baseline" if challenger is best else f"selected runner-up {challenger.config_id} - baseline"
-    lines.append(result.line(f"the baseline {baseline.config_id}", label)
-                 + " (on the seeds that selected it: biased upward)")
-    metrics = {"select/best_minus_baseline/mean": result.diff.mean, "select/best_minus_baseline/ci_low": result.diff.low,
-               "select/best_minus_baseline/ci_high": result.diff.high}
+    label = (
+        "selected best - baseline" if challenger is best else f"selected runner-up {challenger.config_id} - baseline"
+    )
+    lines.append(
+        result.line(f"the baseline {baseline.config_id}", label) + " (on the seeds that selected it: biased upward)"
+    )
+    metrics = {
+        "select/best_minus_baseline/mean": result.diff.mean,
+        "select/best_minus_baseline/ci_low": result.diff.low,
+        "select/best_minus_baseline/ci_high": result.diff.high,
+    }
     if result.seeds_needed is not None:
         metrics["select/best_minus_baseline/seeds_needed"] = result.seeds_needed
-    return lines, metrics, {"verdict": result.verdict, "verdict_stage": "select", "verdict_config": challenger.config_id,
-                            "baseline": baseline.config_id}
+    return (
+        lines,
+        metrics,
+        {
+            "verdict": result.verdict,
+            "verdict_stage": "select",
+            "verdict_config": challenger.config_id,
+            "baseline": baseline.config_id,
+        },
+    )
 
 
-def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], finished: list[ConfigSummary],
-                 search: SearchConfig, metrics: dict, tags: dict) -> tuple[list[str], ConfigSummary]:
+def confirmation(
+    exp: Experiment,
+    base: dict,
+    summaries: list[ConfigSummary],
+    finished: list[ConfigSummary],
+    search: SearchConfig,
+    metrics: dict,
+    tags: dict,
+) -> tuple[list[str], ConfigSummary]:
     """The challenger against the baseline on fresh seeds (`orchestrator.confirm`): its lines, and the
     configuration the final model trains (the challenger if confirmed better, else the baseline).
     Updates the parent run's metrics and tags in place."""
@@ -294,25 +384,37 @@ def confirmation(exp: Experiment, base: dict, summaries: list[ConfigSummary], fi
 
     baseline, challenger = baseline_and_challenger(summaries, finished, search)
     if baseline and challenger:
-        why = summary.incomparable(challenger.params, baseline.params, confirm.arm_steps(base, challenger),
-                                      confirm.arm_steps(base, baseline))
+        why = summary.incomparable(
+            challenger.params, baseline.params, confirm.arm_steps(base, challenger), confirm.arm_steps(base, baseline)
+        )
     else:
         why = "the search has no baseline or no other configuration that ran to the end"
     if why:
         line = f"no confirmation of {challenger.config_id}: {why}" if challenger else f"no confirmation: {why}"
         console.print(line, highlight=False, soft_wrap=True)
         return [line], baseline or finished[0]
-    result = confirm.run_confirmation(exp, base, challenger, baseline, search.confirm, search.metric, search.mode,
-                                      first_offset=search.seeds)
+    result = confirm.run_confirmation(
+        exp, base, challenger, baseline, search.confirm, search.metric, search.mode, first_offset=search.seeds
+    )
     line = confirm.describe(result, search.confirm, search.metric)
     chosen = challenger if result.look.verdict == "better" else baseline
-    stands = (f"the final model trains {challenger.config_id}, confirmed better" if chosen is challenger else
-              f"the baseline {baseline.config_id} stands: the final model trains it")
+    stands = (
+        f"the final model trains {challenger.config_id}, confirmed better"
+        if chosen is challenger
+        else f"the baseline {baseline.config_id} stands: the final model trains it"
+    )
     for text in (line, stands):
         console.print(text, highlight=False, soft_wrap=True)
     metrics.update(confirm.metrics(result))
-    tags.update({"verdict": result.look.verdict, "verdict_stage": "confirm", "verdict_config": challenger.config_id,
-                 "baseline": baseline.config_id, "final_config": chosen.config_id})
+    tags.update(
+        {
+            "verdict": result.look.verdict,
+            "verdict_stage": "confirm",
+            "verdict_config": challenger.config_id,
+            "baseline": baseline.config_id,
+            "final_config": chosen.config_id,
+        }
+    )
     return [line, stands], chosen
 
 

@@ -36,8 +36,10 @@ EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"
 # `pruned` and a description saying so; a trial stopped to be resumed is KILLED (it has more to do);
 # anything else that ended is a failure.
 STATUS = {"finished": RunStatus.FINISHED, "pruned": RunStatus.FINISHED, "stopped": RunStatus.KILLED}
-DESCRIPTION = {"pruned": "Pruned: the scheduler stopped this trial early; its metrics end where it was judged.",
-               "stopped": "Stopped to be resumed (--resume continues it)."}
+DESCRIPTION = {
+    "pruned": "Pruned: the scheduler stopped this trial early; its metrics end where it was judged.",
+    "stopped": "Stopped to be resumed (--resume continues it).",
+}
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
 RETRY_WAITS_S = (1, 2, 4, 8, 16)  # ~30 s: long enough for a tracking server to restart
 
@@ -58,9 +60,13 @@ def artifact_location(tracking_uri: str) -> str | None:
 # The tag of an experiment whose artifacts live beside its sqlite store: they move with the folder.
 BESIDE = ("rlvr.artifacts", "beside the store")
 # The columns where a sqlite store's client writes a file URI of the folder the store was in.
-ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
-                    ("logged_models", "artifact_location"), ("model_versions", "source"),
-                    ("model_versions", "storage_location"))
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
 
 
 def open_store(tracking_uri: str) -> MlflowClient:
@@ -100,13 +106,20 @@ def _rebase(db: Path, new: str) -> int:
         tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "experiments" not in tables:
             return 0
-        roots = {loc for (loc,) in con.execute(
-            "SELECT e.artifact_location FROM experiments e JOIN experiment_tags t ON t.experiment_id = e.experiment_id"
-            " WHERE t.key = ? AND t.value = ?", BESIDE) if loc.startswith("file://") and loc != new}
+        roots = {
+            loc
+            for (loc,) in con.execute(
+                "SELECT e.artifact_location FROM experiments e"
+                " JOIN experiment_tags t ON t.experiment_id = e.experiment_id WHERE t.key = ? AND t.value = ?",
+                BESIDE,
+            )
+            if loc.startswith("file://") and loc != new
+        }
         changed = 0
         for old in roots:
-            changed += sum(_replace_prefix(con, table, column, old, new)
-                           for table, column in ARTIFACT_COLUMNS if table in tables)
+            changed += sum(
+                _replace_prefix(con, table, column, old, new) for table, column in ARTIFACT_COLUMNS if table in tables
+            )
             # A trial run's identity (tag run_path, <storage>/<name>): a --resume in the moved folder finds it.
             folder = urllib.parse.unquote(urllib.parse.urlparse(old).path).removesuffix("/mlartifacts")
             changed += _replace_prefix(con, "tags", "value", folder, str(db.parent), "key = 'run_path'")
@@ -116,9 +129,11 @@ def _rebase(db: Path, new: str) -> int:
 def _replace_prefix(con, table: str, column: str, old: str, new: str, where: str = "1") -> int:
     """`old` -> `new` at the start of `column` where it is the whole value or a path's leading folders."""
     n = len(old)
-    return con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {where} AND "
-                       f"substr({column}, 1, ?) = ? AND (length({column}) = ? OR substr({column}, ?, 1) = '/')",
-                       (new, n + 1, n, old, n, n + 1)).rowcount
+    return con.execute(
+        f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {where} AND "
+        f"substr({column}, 1, ?) = ? AND (length({column}) = ? OR substr({column}, ?, 1) = '/')",
+        (new, n + 1, n, old, n, n + 1),
+    ).rowcount
 
 
 def ui_hint(tracking_uri: str) -> str:
@@ -159,11 +174,11 @@ def unflatten(params: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
 
 
 def unreachable(error: BaseException) -> bool:
@@ -175,9 +190,11 @@ def unreachable(error: BaseException) -> bool:
     text = str(error)  # MLflow wraps its HTTP client's failures in an MlflowException
     return any(s in text for s in ("Max retries exceeded", "Connection refused", "timed out", "database is locked"))
 
+
 def tags_filter(**tags: str) -> str:
     """An MLflow search filter matching every tag exactly; a value with an apostrophe is quoted with
     double quotes (MLflow's filter grammar has no escape), one with both kinds is refused."""
+
     def quoted(value: str) -> str:
         if "'" not in value:
             return f"'{value}'"
@@ -194,8 +211,9 @@ def training_experiment(client, name: str, uri: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is None:
         beside = artifact_location(uri)
-        return client.create_experiment(name, artifact_location=beside,
-                                        tags={EXPERIMENT_KIND: TRAINING, **(dict([BESIDE]) if beside else {})})
+        return client.create_experiment(
+            name, artifact_location=beside, tags={EXPERIMENT_KIND: TRAINING, **(dict([BESIDE]) if beside else {})}
+        )
     if EXPERIMENT_KIND not in found.tags:  # made before experiments had a kind
         client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, TRAINING)
     if found.artifact_location == artifact_location(uri) and BESIDE[0] not in found.tags:
@@ -207,13 +225,16 @@ def retried(what: str, *, needs_run: bool = False):
     """A Tracker method that tries again while the store is unreachable (`Tracker._retried`) and returns None
     once it stays so or refuses: training goes on without its record. `needs_run`: a call for no run (its
     first argument None: the store was unreachable when it was made) does nothing."""
+
     def wrap(method):
         @functools.wraps(method)
         def call(self, *args, **kwargs):
             if needs_run and args[0] is None:
                 return None
             return self._retried(what, method, self, *args, **kwargs)
+
         return call
+
     return wrap
 
 
@@ -240,7 +261,9 @@ class Tracker:
         return self._experiment_id
 
     @retried("saving the sweep's view in MLflow")
-    def trials_view(self, sweep: str, metric: str, params: list[str], server: str = "http://127.0.0.1:5000") -> str | None:
+    def trials_view(
+        self, sweep: str, metric: str, params: list[str], server: str = "http://127.0.0.1:5000"
+    ) -> str | None:
         """The link a sweep prints: the MLflow UI on a view of the sweep's trial runs (`orchestrator.view`),
         saved in the experiment; None before a call has found the experiment, or where it cannot be saved."""
         if not self._experiment_id:
@@ -260,32 +283,49 @@ class Tracker:
                 return fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - whatever the store raises, training goes on
                 if not unreachable(e):  # a refusal: trying again would be refused again
-                    log.warning("MLflow at %s refused %s: %s: %s; continuing without it", self.uri, what,
-                                type(e).__name__, e)
+                    log.warning(
+                        "MLflow at %s refused %s: %s: %s; continuing without it", self.uri, what, type(e).__name__, e
+                    )
                     return None
                 if wait is None:
-                    log.warning("MLflow at %s unreachable (%s) after %d tries: %s; continuing without it",
-                                self.uri, what, attempt + 1, e)
+                    log.warning(
+                        "MLflow at %s unreachable (%s) after %d tries: %s; continuing without it",
+                        self.uri,
+                        what,
+                        attempt + 1,
+                        e,
+                    )
                     return None
                 time.sleep(wait)
 
     @retried("creating the trial run")
-    def start_trial_run(self, cfg: TrialConfig, *, parent_run_id: str | None = None,
-                        tags: dict[str, str] | None = None, resume: bool = False, run_name: str | None = None) -> str | None:
+    def start_trial_run(
+        self,
+        cfg: TrialConfig,
+        *,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        resume: bool = False,
+        run_name: str | None = None,
+    ) -> str | None:
         """The trial's run (named `run_name`, default the trial's name): with `resume`, the run already
         recording this Train run (reopened), if any."""
         run_path = f"{cfg.storage.rstrip('/')}/{cfg.name}"  # where Ray Train keeps the run: its identity
         if resume and (found := self._trial_run(run_path)):
             return self._reopen(found.info.run_id)
-        all_tags = {"algorithm": cfg.algorithm.name, "git_commit": git_commit(), "state": "running",
-                    "run_path": run_path, **(tags or {})}
+        all_tags = {
+            "algorithm": cfg.algorithm.name,
+            "git_commit": git_commit(),
+            "state": "running",
+            "run_path": run_path,
+            **(tags or {}),
+        }
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=run_name or cfg.name, tags=all_tags)
         run_id = run.info.run_id
         self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
-        self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-                             "spec.yaml")
+        self.client.log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "spec.yaml")
         return run_id
 
     @retried("reading the run's final value")
@@ -304,13 +344,21 @@ class Tracker:
 
     def _trial_run(self, run_path: str):
         """The newest run recording the Train run at `run_path`, or None."""
-        found = self.client.search_runs([self.experiment_id], tags_filter(run_path=run_path),
-                                        order_by=["attributes.start_time DESC"], max_results=1)
+        found = self.client.search_runs(
+            [self.experiment_id], tags_filter(run_path=run_path), order_by=["attributes.start_time DESC"], max_results=1
+        )
         return found[0] if found else None
 
     @retried("logging the evaluation")
-    def log_evaluation(self, name: str, *, params: dict[str, Any], metrics: dict[str, float], artifact: Path,
-                       parent_run_id: str | None = None) -> str | None:
+    def log_evaluation(
+        self,
+        name: str,
+        *,
+        params: dict[str, Any],
+        metrics: dict[str, float],
+        artifact: Path,
+        parent_run_id: str | None = None,
+    ) -> str | None:
         """A finished evaluation run (nested under a trial's run when given): its table and results file."""
         tags = {"kind": "evaluation", "git_commit": git_commit()}
         if parent_run_id:
@@ -337,37 +385,62 @@ class Tracker:
         return self.client.create_model_version(name, source, run_id=run_id).version
 
     @retried("creating the sweep run")
-    def start_sweep_run(self, name: str, *, spec_text: str, search: dict[str, Any],
-                        resume: bool = False, kind: str = "sweep") -> str | None:
+    def start_sweep_run(
+        self, name: str, *, spec_text: str, search: dict[str, Any], resume: bool = False, kind: str = "sweep"
+    ) -> str | None:
         """The parent run of a sweep (or a study: `kind`): its spec, search space and commit; trials nest
         under it."""
         if resume:
-            found = self.client.search_runs([self.experiment_id], tags_filter(kind="sweep", sweep=name),
-                                            order_by=["attributes.start_time DESC"], max_results=1)
+            found = self.client.search_runs(
+                [self.experiment_id],
+                tags_filter(kind="sweep", sweep=name),
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
             if found:
                 return self._reopen(found[0].info.run_id)
-        run = self.client.create_run(self.experiment_id, run_name=name,
-                                     tags={"kind": "sweep", "sweep": name, "git_commit": git_commit(),
-                                           "state": "running", "experiment_kind": kind})
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=name,
+            tags={
+                "kind": "sweep",
+                "sweep": name,
+                "git_commit": git_commit(),
+                "state": "running",
+                "experiment_kind": kind,
+            },
+        )
         # The settings as params (metric, mode, seeds, ...); the space, points and arms as one readable file.
         section = "search" if kind == "sweep" else kind
-        self.log_params(run.info.run_id, {f"{section}.{k}": v for k, v in search.items()
-                                          if v is not None and not isinstance(v, (dict, list))})
+        self.log_params(
+            run.info.run_id,
+            {f"{section}.{k}": v for k, v in search.items() if v is not None and not isinstance(v, (dict, list))},
+        )
         self.client.log_text(run.info.run_id, yaml.safe_dump(search, sort_keys=False), f"{section}.yaml")
         self.client.log_text(run.info.run_id, spec_text, "sweep_spec.yaml")
         return run.info.run_id
 
     @retried("closing the sweep run", needs_run=True)
-    def finish_sweep(self, run_id: str | None, best: dict[str, Any], budget: dict[str, float], *,
-                     metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
-                     tables: dict[str, str] | None = None, description: str = "") -> None:
+    def finish_sweep(
+        self,
+        run_id: str | None,
+        best: dict[str, Any],
+        budget: dict[str, float],
+        *,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+        tables: dict[str, str] | None = None,
+        description: str = "",
+    ) -> None:
         """Close the parent run with the best configuration, the verdict's metrics and tags, tables, and the
         verdict in words as the run page's description."""
         objective = {} if best.get("metric") is None else {"best/objective": best["metric"]}
         finite = {k: v for k, v in (metrics or {}).items() if v == v}  # a NaN bound (one seed) is left out
         self.log_metrics(run_id, {**objective, **finite, **{f"sweep/{k}": v for k, v in budget.items()}})
-        for key, value in {**({"best_trial": str(best["trial_id"])} if "trial_id" in best else {}),
-                           **(tags or {})}.items():
+        for key, value in {
+            **({"best_trial": str(best["trial_id"])} if "trial_id" in best else {}),
+            **(tags or {}),
+        }.items():
             self.client.set_tag(run_id, key, value)
         self.log_params(run_id, {f"best.{k}": v for k, v in best.get("params", {}).items()})
         if best:
@@ -379,15 +452,28 @@ class Tracker:
     @retried("finding the configuration's runs")
     def config_run_ids(self, sweep: str, config: str) -> list[str] | None:
         """The runs of one configuration of a sweep or study (one per seed)."""
-        return [r.info.run_id for r in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config))]
+        return [
+            r.info.run_id for r in self.client.search_runs([self.experiment_id], self._config_filter(sweep, config))
+        ]
 
     def config_seeds(self, sweep: str, config: str, metric: str) -> list[tuple[int, int, float | None]]:
         """Each seed run of one configuration, in seed order: (RL steps it logged, its learner.steps, its
         latest `metric`): the configuration's own record, whatever Tune kept."""
-        runs = self._retried("reading the configuration's runs", lambda: self.client.search_runs(
-            [self.experiment_id], self._config_filter(sweep, config))) or []
-        return [(int(r.data.metrics.get("progress/step", 0)), int(r.data.params.get("learner.steps", 0)),
-                 r.data.metrics.get(metric)) for r in sorted(runs, key=lambda r: int(r.data.params.get("seed", 0)))]
+        runs = (
+            self._retried(
+                "reading the configuration's runs",
+                lambda: self.client.search_runs([self.experiment_id], self._config_filter(sweep, config)),
+            )
+            or []
+        )
+        return [
+            (
+                int(r.data.metrics.get("progress/step", 0)),
+                int(r.data.params.get("learner.steps", 0)),
+                r.data.metrics.get(metric),
+            )
+            for r in sorted(runs, key=lambda r: int(r.data.params.get("seed", 0)))
+        ]
 
     @staticmethod
     def _config_filter(sweep: str, config: str) -> str:
@@ -428,8 +514,7 @@ class Tracker:
     @retried("closing the trial run")
     def finish_sweep_trial(self, sweep: str, trial_id: str, state: str, description: str | None = None) -> None:
         """Close a sweep trial's runs, found by their tags (the Tune callback knows no run id)."""
-        for run in self.client.search_runs([self.experiment_id],
-                                           tags_filter(sweep=sweep, trial_id=trial_id)):
+        for run in self.client.search_runs([self.experiment_id], tags_filter(sweep=sweep, trial_id=trial_id)):
             self._finish(run.info.run_id, state, description)
 
     def _finish(self, run_id: str, state: str, description: str | None = None) -> None:

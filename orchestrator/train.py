@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow.fs
-
 from rich.table import Table
 
 from orchestrator.cli import later
@@ -28,8 +27,8 @@ from orchestrator.lease import Lease, release_all
 from orchestrator.preempt import STOPPED_EXIT_CODE
 from orchestrator.spec import BEST_SPEC, SpecError, derived_numbers, load_trial_spec
 from trainables.config import TrialConfig
-from trainables.runtime.errors import UnusableCheckpoint, stated
 from trainables.metrics import SUMMARY_NAMESPACES
+from trainables.runtime.errors import UnusableCheckpoint, stated
 
 if TYPE_CHECKING:
     from orchestrator.tracking import Tracker
@@ -53,8 +52,10 @@ def check_fresh(cfg: TrialConfig, resume: bool) -> None:
     fs, path = pyarrow.fs.FileSystem.from_uri(launch.storage_uri(cfg.storage))
     folder = f"{path.rstrip('/')}/{cfg.name}"
     if not resume and fs.get_file_info(folder).type != pyarrow.fs.FileType.NotFound:
-        raise SpecError(f"name: a run named {cfg.name!r} already exists in {launch.storage_uri(cfg.storage)}; pass "
-                        f"--resume to continue it, or --set name=NEW for a new run")
+        raise SpecError(
+            f"name: a run named {cfg.name!r} already exists in {launch.storage_uri(cfg.storage)}; pass "
+            f"--resume to continue it, or --set name=NEW for a new run"
+        )
 
 
 def run(cfg: TrialConfig, resume: bool = False, force: bool = False, trust_unsealed: bool = False) -> dict[str, float]:
@@ -64,25 +65,36 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False, trust_unsea
     what = f"trial {cfg.name!r} in {cfg.storage}"
     Lease(launch.run_folder(cfg.storage, cfg.name)).check_free(what)  # one still starting is running, not "exists"
     check_fresh(cfg, resume)
-    launch.claim_folder(what, cfg.storage, cfg.name,
-                        {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
+    launch.claim_folder(what, cfg.storage, cfg.name, {"trial": cfg.model_dump(mode="json")}, resume=resume, force=force)
     model_path = models.resolve_model_path(cfg.model, cfg.cache_dir)
     console.print(f"policy: {model_path}")
     store = launch.load_offline(cfg, model_path)  # a store without a usable row is refused before Ray starts
     started_at = time.time()  # start-up: Ray, the engines, the worker group, DeepSpeed
     uri = cfg.logging.tracking_uri or tracking.default_tracking_uri(cfg.storage)
-    tracker, stop = launch.start_cluster(cfg.storage, cfg.name, cpus=launch.logical_cpus(cfg), tracking_uri=uri,
-                                         experiment=cfg.logging.experiment)
+    tracker, stop = launch.start_cluster(
+        cfg.storage, cfg.name, cpus=launch.logical_cpus(cfg), tracking_uri=uri, experiment=cfg.logging.experiment
+    )
     run_id = tracker.start_trial_run(cfg, tags={"kind": "trial"}, resume=resume)
     state = "errored"
     try:  # the run is closed on every way out: finished, stopped, errored, Ctrl-C
         if store is not None:
             tracker.log_offline_store(run_id, store)
-        console.print(f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable")
+        console.print(
+            f"MLflow run {run_id} in {uri}" if run_id else f"[yellow]untracked:[/yellow] MLflow at {uri} is unreachable"
+        )
         stop.on_sigterm(lambda: console.print("SIGTERM: checkpointing at the next step boundary, then stopping"))
         start = time.perf_counter()
-        result = launch.fit_trial([cfg], model_path, name=cfg.name, tracking_uri=uri, run_ids=[run_id], store=store,
-                                  stop_file=stop.uri, started_at=started_at, trust_unsealed=trust_unsealed)
+        result = launch.fit_trial(
+            [cfg],
+            model_path,
+            name=cfg.name,
+            tracking_uri=uri,
+            run_ids=[run_id],
+            store=store,
+            stop_file=stop.uri,
+            started_at=started_at,
+            trust_unsealed=trust_unsealed,
+        )
         if result.error:
             raise result.error
         metrics = dict(result.metrics or {})
@@ -96,15 +108,25 @@ def run(cfg: TrialConfig, resume: bool = False, force: bool = False, trust_unsea
     return metrics
 
 
-def conclude(cfg: TrialConfig, result, metrics: dict[str, float], state: str, seconds: float, tracker: Tracker,
-             run_id: str | None) -> None:
+def conclude(
+    cfg: TrialConfig,
+    result,
+    metrics: dict[str, float],
+    state: str,
+    seconds: float,
+    tracker: Tracker,
+    run_id: str | None,
+) -> None:
     """What a finished or stopped trial prints, and a finished one's final policy exported."""
     done = int(metrics.get("progress/step", 0))
     console.print(summary_table(metrics, f"trial {cfg.name}: {done}/{cfg.learner.steps} steps in {seconds:.0f} s"))
     console.print(f"checkpoint: {result.checkpoint.path if result.checkpoint else '-'}")
     if state == "stopped":
-        console.print(f"[yellow]stopped[/yellow] after step {done} with a checkpoint: rerun the same command "
-                      f"with --resume to continue", soft_wrap=True)
+        console.print(
+            f"[yellow]stopped[/yellow] after step {done} with a checkpoint: rerun the same command "
+            f"with --resume to continue",
+            soft_wrap=True,
+        )
     elif result.checkpoint is not None:
         export_final(cfg, result.checkpoint, tracker, run_id)
     console.print(f"MLflow: {tracking.ui_hint(tracker.uri)}", soft_wrap=True)
@@ -144,17 +166,33 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("spec", nargs="?", help="experiment spec (YAML), e.g. search_spaces/ead.yaml")
     parser.add_argument("--best-of", metavar="SWEEP_DIR", help="train with a sweep's best parameters")
     parser.add_argument("--steps", type=int, help="RL steps (with --best-of: usually longer than the sweep's)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field, e.g. --set learner.steps=10 (repeatable)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run of the same name from its latest checkpoint")
-    parser.add_argument("--force", action="store_true",
-                        help="with --resume: continue even if the spec's settings differ from the run's own")
-    parser.add_argument("--trust-unsealed", action="store_true",
-                        help="with --resume: take a checkpoint this product did not seal (one from before seals, or "
-                        "a colleague's); only for checkpoints you trust")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate the spec (not its data files) and print what it amounts to; run nothing")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set learner.steps=10 (repeatable)",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run of the same name from its latest checkpoint"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: continue even if the spec's settings differ from the run's own",
+    )
+    parser.add_argument(
+        "--trust-unsealed",
+        action="store_true",
+        help="with --resume: take a checkpoint this product did not seal (one from before seals, or "
+        "a colleague's); only for checkpoints you trust",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the spec (not its data files) and print what it amounts to; run nothing",
+    )
     return parser
 
 
@@ -163,10 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if bool(args.spec) == bool(args.best_of):
             raise SpecError("give a spec or --best-of SWEEP_DIR (one of them)")
-        overrides = [*([f"learner.steps={args.steps}"] if args.steps is not None else []), *args.overrides]  # --set wins
+        overrides = [
+            *([f"learner.steps={args.steps}"] if args.steps is not None else []),
+            *args.overrides,
+        ]  # --set wins
         check_files = not args.dry_run
-        cfg = (best_of(args.best_of, overrides, check_files) if args.best_of
-               else load_trial_spec(args.spec, overrides, check_files))
+        cfg = (
+            best_of(args.best_of, overrides, check_files)
+            if args.best_of
+            else load_trial_spec(args.spec, overrides, check_files)
+        )
         if args.dry_run:
             console.print(derived_numbers(cfg), soft_wrap=True)
             return 0

@@ -18,13 +18,26 @@ from orchestrator.tracking import rebase
 
 def command(storage: Path, port: int) -> list[str]:
     """`mlflow ui` on the storage's sqlite store, bound to this machine only."""
-    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{storage / 'mlflow.db'}",
-            "--host", "127.0.0.1", "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        f"sqlite:///{storage / 'mlflow.db'}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.ui", description=__doc__.strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.ui",
+        description=__doc__.strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("storage", help="a storage folder: the one holding mlflow.db and mlartifacts/")
     parser.add_argument("--port", type=int, default=5000, help="(default: 5000)")
     args = parser.parse_args(argv)

@@ -31,11 +31,27 @@ def column(kind: str, key: str) -> str:
 
 def line_chart(metric: str, uuid: str) -> dict:
     """A line chart of `metric` against the step, in the first section."""
-    return {"uuid": uuid, "type": "LINE", "runsCountToCompare": 10, "metricSectionId": FIRST_SECTION,
-            "deleted": False, "isGenerated": False, "metricKey": metric, "selectedMetricKeys": [metric],
-            "lineSmoothness": 0, "xAxisKey": "step", "selectedXAxisMetricKey": "", "xAxisScaleType": "linear",
-            "scaleType": "linear", "range": {}, "yAxisKey": "metric", "yAxisExpressions": [],
-            "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
+    return {
+        "uuid": uuid,
+        "type": "LINE",
+        "runsCountToCompare": 10,
+        "metricSectionId": FIRST_SECTION,
+        "deleted": False,
+        "isGenerated": False,
+        "metricKey": metric,
+        "selectedMetricKeys": [metric],
+        "lineSmoothness": 0,
+        "xAxisKey": "step",
+        "selectedXAxisMetricKey": "",
+        "xAxisScaleType": "linear",
+        "scaleType": "linear",
+        "range": {},
+        "yAxisKey": "metric",
+        "yAxisExpressions": [],
+        "ignoreOutliers": False,
+        "useGlobalXaxisKey": True,
+        "useGlobalLineSmoothing": True,
+    }
 
 
 def section_of(metric: str) -> str:
@@ -49,25 +65,44 @@ def sweep_view(metric: str, charts: list[str], logged: list[str], params: list[s
     ranked by `metric`."""
     first = list(dict.fromkeys([metric, *charts]))
     folded = sorted({section_of(m) for m in logged}) + ["System metrics"]
-    columns = [column("metrics", metric), *(column("params", p) for p in params),
-               *(column("tags", t) for t in COLUMN_TAGS)]
+    columns = [
+        column("metrics", metric),
+        *(column("params", p) for p in params),
+        *(column("tags", t) for t in COLUMN_TAGS),
+    ]
     return {
-        "searchFilter": search_filter, "orderByKey": column("metrics", metric), "orderByAsc": False,
-        "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": [],
-        "selectedColumns": columns, "columnOrder": columns,
+        "searchFilter": search_filter,
+        "orderByKey": column("metrics", metric),
+        "orderByAsc": False,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "modelVersionFilter": "All Runs",
+        "datasetsFilter": [],
+        "selectedColumns": columns,
+        "columnOrder": columns,
         "columnWidths": {c: WIDTHS[c.split(".", 1)[0]] for c in columns},
         "runsHiddenMode": "SHOW_ALL",  # the UI draws only the first 10 runs otherwise
         "compareRunCharts": [line_chart(m, f"sweep-chart-{i}") for i, m in enumerate(first)],
-        "compareRunSections": [{"uuid": FIRST_SECTION, "name": "the sweep", "display": True, "isReordered": True},
-                               *({"uuid": f"folded-{name}", "name": name, "display": False, "isReordered": False}
-                                 for name in dict.fromkeys(folded))],
+        "compareRunSections": [
+            {"uuid": FIRST_SECTION, "name": "the sweep", "display": True, "isReordered": True},
+            *(
+                {"uuid": f"folded-{name}", "name": name, "display": False, "isReordered": False}
+                for name in dict.fromkeys(folded)
+            ),
+        ],
         "isAccordionReordered": True,  # the sections in this order, not by name
         # By configuration and stage: no group's mean mixes the seeds that selected a configuration with the
         # fresh seeds that confirm it.
-        "groupBy": {"aggregateFunction": "average",
-                    "groupByKeys": [{"mode": "tag", "groupByData": "config"}, {"mode": "tag", "groupByData": "stage"}]},
-        "groupsExpanded": {}, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
-        "viewMaximized": False, "runListHidden": False, "chartsSearchFilter": "",
+        "groupBy": {
+            "aggregateFunction": "average",
+            "groupByKeys": [{"mode": "tag", "groupByData": "config"}, {"mode": "tag", "groupByData": "stage"}],
+        },
+        "groupsExpanded": {},
+        "useGroupedValuesInCharts": True,
+        "hideEmptyCharts": True,
+        "viewMaximized": False,
+        "runListHidden": False,
+        "chartsSearchFilter": "",
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
 

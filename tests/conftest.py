@@ -1,4 +1,5 @@
-"""Shared fixtures: one local Ray cluster (a multi-node one where a module starts its own), the embedded tiny model and the SmolLM2 preset, each once a session."""
+"""Shared fixtures: one local Ray cluster (a multi-node one where a module starts its own), the embedded tiny
+model and the SmolLM2 preset, each once a session."""
 
 from __future__ import annotations
 
@@ -73,9 +74,25 @@ def mlflow_server():
 
     def start(store_uri: str, port: int) -> str:
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
-                                   "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                store_uri,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         servers.append(server)
         deadline = time.time() + 90
         while True:

@@ -21,8 +21,15 @@ EVERY = 2
 # 16 prompts a step (the spec has 8): steps of ~1.3 s here, so a signal sent once step 3 is logged reaches the
 # trial before step 4's stop check; at 0.65 s a step it sometimes did not, and the trial ran to its end.
 # Two learner ranks (the spec has one): a rank lost mid-trial, and checkpoints written by both.
-TRIAL = ["learner.steps=5", f"checkpoint.every={EVERY}", "validation.every=2", "validation.num_prompts=16",
-         "validation.samples=2", "learner.prompts_per_step=16", "learner.num_workers=2"]
+TRIAL = [
+    "learner.steps=5",
+    f"checkpoint.every={EVERY}",
+    "validation.every=2",
+    "validation.num_prompts=16",
+    "validation.samples=2",
+    "learner.prompts_per_step=16",
+    "learner.num_workers=2",
+]
 # Wall-clock figures, the record of the faults themselves, and a sweep's summary over a configuration's seeds.
 NOT_COMPARED = ("timing/", "faults/", "config/")
 
@@ -57,16 +64,22 @@ def history(storage: Path, run=None) -> dict[str, list[tuple[int, float]]]:
     if run is None:
         (run,) = runs(storage)  # one MLflow run per trial, however often it was resumed
     client = MlflowClient(default_tracking_uri(str(storage)))
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-            for key in run.data.metrics if not key.startswith(NOT_COMPARED)}
+    return {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        for key in run.data.metrics
+        if not key.startswith(NOT_COMPARED)
+    }
 
 
 def fault_metrics(storage: Path, run=None) -> dict[str, list[float]]:
     if run is None:
         (run,) = runs(storage)
     client = MlflowClient(default_tracking_uri(str(storage)))
-    return {key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
-            for key in run.data.metrics if key.startswith("faults/")}
+    return {
+        key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
+        for key in run.data.metrics
+        if key.startswith("faults/")
+    }
 
 
 def logged_steps(storage: Path, stage: str | None = None) -> list[int]:
@@ -74,9 +87,11 @@ def logged_steps(storage: Path, stage: str | None = None) -> list[int]:
     first ([] before any)."""
     try:
         client = MlflowClient(default_tracking_uri(str(storage)))
-        return [max((int(m.value) for m in client.get_metric_history(run.info.run_id, "progress/step")), default=0)
-                for run in sorted(runs(storage), key=lambda r: r.info.start_time)
-                if stage is None or run.data.tags.get("stage") == stage]
+        return [
+            max((int(m.value) for m in client.get_metric_history(run.info.run_id, "progress/step")), default=0)
+            for run in sorted(runs(storage), key=lambda r: r.info.start_time)
+            if stage is None or run.data.tags.get("stage") == stage
+        ]
     except Exception:  # noqa: BLE001 - the store is still being created
         return []
 
@@ -87,6 +102,7 @@ def logged_step(storage: Path) -> int:
 
 def when(ready, action) -> threading.Thread:
     """Run `action()` in a thread as soon as `ready()` holds."""
+
     def watch():
         deadline = time.time() + 600
         while not ready() and time.time() < deadline:
@@ -106,13 +122,15 @@ def when_step(storage: Path, step: int, action) -> threading.Thread:
 
 def committed(storage: Path) -> list[int]:
     """Checkpoints committed by each Train run under `storage`, in descending order."""
-    counts = [len(json.loads(p.read_text())["checkpoint_results"])
-              for p in storage.rglob("checkpoint_manager_snapshot.json")]
+    counts = [
+        len(json.loads(p.read_text())["checkpoint_results"]) for p in storage.rglob("checkpoint_manager_snapshot.json")
+    ]
     return sorted(counts, reverse=True)
 
 
 def finished_runs(storage: Path, steps: int) -> int:
     """Train runs under `storage` whose latest committed checkpoint is of their last step `steps`."""
+
     def last(path: Path) -> float:
         latest = json.loads(path.read_text()).get("latest_checkpoint_result") or {}
         return latest.get("metrics", {}).get("progress/step", 0)
@@ -170,7 +188,8 @@ def check_confirmation_records(storage, out: str) -> None:
     confirm = [r for r in runs(storage) if r.data.tags["stage"] == "confirm"]
     challenger, baseline = parent.data.tags["verdict_config"], parent.data.tags["baseline"]
     assert sorted((r.data.tags["config"], r.data.params["seed"]) for r in confirm) == sorted(
-        (c, s) for c in (challenger, baseline) for s in ("1", "2"))
+        (c, s) for c in (challenger, baseline) for s in ("1", "2")
+    )
     for run in confirm:
         assert run.data.tags["state"] == "finished"
         assert [s for s, _ in history(storage, run)["progress/step"]] == [1, 2, 3, 4, 5]
@@ -178,8 +197,11 @@ def check_confirmation_records(storage, out: str) -> None:
     diffs = [final[challenger, s] - final[baseline, s] for s in ("1", "2")]
     look = confirm_step(diffs, [2], 0.05, None, "max")
     metrics = parent.data.metrics
-    assert (metrics["confirm/best_minus_baseline/mean"], metrics["confirm/best_minus_baseline/ci_low"],
-            metrics["confirm/best_minus_baseline/ci_high"]) == pytest.approx((look.mean, look.low, look.high), abs=1e-12)
+    assert (
+        metrics["confirm/best_minus_baseline/mean"],
+        metrics["confirm/best_minus_baseline/ci_low"],
+        metrics["confirm/best_minus_baseline/ci_high"],
+    ) == pytest.approx((look.mean, look.low, look.high), abs=1e-12)
     assert parent.data.tags["verdict"] == look.verdict and parent.data.tags["verdict_stage"] == "confirm"
     html = (storage / "s" / "report" / "report.html").read_text()
     assert html.rstrip().endswith("</html>") and "report: " in out

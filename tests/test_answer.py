@@ -18,15 +18,36 @@ VERDICT = "confirmed on fresh seeds: winner - baseline (val/accuracy) = +0.030 [
 def record(tmp_path) -> tuple[MlflowClient, object, list]:
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("rlvr-explore")
-    parent = client.create_run(exp, run_name="s", tags={
-        "kind": "sweep", "sweep": "s", "state": "finished", "mlflow.note.content": VERDICT, "best_trial": "aaaa",
-        "verdict": "better", "verdict_stage": "confirm", "verdict_config": "aaaa", "baseline": "bbbb"}).info.run_id
+    parent = client.create_run(
+        exp,
+        run_name="s",
+        tags={
+            "kind": "sweep",
+            "sweep": "s",
+            "state": "finished",
+            "mlflow.note.content": VERDICT,
+            "best_trial": "aaaa",
+            "verdict": "better",
+            "verdict_stage": "confirm",
+            "verdict_config": "aaaa",
+            "baseline": "bbbb",
+        },
+    ).info.run_id
     client.log_text(parent, yaml.safe_dump({"metric": "val/accuracy", "confirm": CONFIRM}), "search.yaml")
     for config, values in (("aaaa", WINNER), ("bbbb", BASELINE)):
         for seed, value in enumerate(values, start=2):
-            run = client.create_run(exp, run_name=f"confirm {config} seed={seed}", tags={
-                "kind": "trial", "sweep": "s", "stage": "confirm", "config": config, "seed": str(seed),
-                "state": "finished"}).info.run_id
+            run = client.create_run(
+                exp,
+                run_name=f"confirm {config} seed={seed}",
+                tags={
+                    "kind": "trial",
+                    "sweep": "s",
+                    "stage": "confirm",
+                    "config": config,
+                    "seed": str(seed),
+                    "state": "finished",
+                },
+            ).info.run_id
             client.log_metric(run, "val/accuracy", value, step=30)
     runs = client.search_runs([exp], "tags.kind = 'trial'")
     return client, client.get_run(parent), runs
@@ -44,14 +65,19 @@ def test_the_report_opens_on_the_answer_then_the_confirmation(tmp_path):
     assert [line.split(" | ")[3].rstrip(" |") for line in pairs] == [f"{d:+.4f}" for d in diffs]
     for n in counts:  # each look: its own share of alpha and interval, as the sweep decided it
         look = confirm_step(diffs[:n], counts, 0.05, None, "max", "obrien-fleming")
-        assert any(line.startswith(f"| {n} | {look.alpha:.4f} | {look.mean:+.4f} | [{look.low:+.4f}, "
-                                   f"{look.high:+.4f}] | {look.verdict} |") for line in lines), (n, lines)
+        assert any(
+            line.startswith(
+                f"| {n} | {look.alpha:.4f} | {look.mean:+.4f} | [{look.low:+.4f}, {look.high:+.4f}] | {look.verdict} |"
+            )
+            for line in lines
+        ), (n, lines)
     assert (tmp_path / "confirmation.png").read_bytes()[:4] == b"\x89PNG"
-    text = report.markdown("sweep s", runs, [], ("val/accuracy",), ["confirmation.png"], {}, [], "| table |", 0,
-                           opening + lines)
+    text = report.markdown(
+        "sweep s", runs, [], ("val/accuracy",), ["confirmation.png"], {}, [], "| table |", 0, opening + lines
+    )
     assert text.index("## Answer") < text.index("## Confirmation") < text.index("## Selection")
     assert text.count("](confirmation.png)") == 1  # in the confirmation, not again among the plots
-    runs_table = text[text.index("## Runs"):]
+    runs_table = text[text.index("## Runs") :]
     assert runs_table.count("| confirm |") == 8
 
 

@@ -27,11 +27,13 @@ BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
 
 def evaluate(question: str) -> int:
     """An independent evaluator of the task's questions (precedence by Python's grammar)."""
+
     def walk(node):
         if isinstance(node, ast.BinOp):
             return OPS[type(node.op)](walk(node.left), walk(node.right))
         assert isinstance(node, ast.Constant) and isinstance(node.value, int), ast.dump(node)
         return node.value
+
     return walk(ast.parse(question, mode="eval").body)
 
 
@@ -138,13 +140,16 @@ def test_teacher_examples_hand_worked():
     p = Problem("L2-17+25", "17+25", "42", 2)
     assert TEACHERS["terse"](p) == "<think>17+25=42</think>\\boxed{42}"
     assert TEACHERS["stepwise"](p) == (
-        "<think>17+25: 7+5=12 write 2 carry 1. 1+2+1=4. so 42.</think>The answer is \\boxed{42}.")
-    assert TEACHERS["verbose"](p) == ("<think>We need 17+25. 17+20=37. 37+5=42. Check: 42-25=17. Correct.</think>"
-                                      "So the final answer is \\boxed{42}.")
+        "<think>17+25: 7+5=12 write 2 carry 1. 1+2+1=4. so 42.</think>The answer is \\boxed{42}."
+    )
+    assert TEACHERS["verbose"](p) == (
+        "<think>We need 17+25. 17+20=37. 37+5=42. Check: 42-25=17. Correct.</think>So the final answer is \\boxed{42}."
+    )
     q = Problem("L4-5+3*4", "5+3*4", "17", 4)  # precedence: the product first
     assert TEACHERS["terse"](q) == "<think>3*4=12. 5+12=17</think>\\boxed{17}"
     assert TEACHERS["stepwise"](Problem("L2-52-17", "52-17", "35", 2)).startswith(
-        "<think>52-17: 12-7=5 borrow 1. 5-1-1=3. so 35.")
+        "<think>52-17: 12-7=5 borrow 1. 5-1-1=3. so 35."
+    )
 
 
 @pytest.mark.parametrize("name", sorted(TEACHERS))
@@ -203,12 +208,15 @@ def test_teacher_dataset_rates_rows_and_determinism():
     assert {r["kind"] for r in clean} == {"correct"} and {r["teacher"] for r in clean} == {"terse"}
 
 
-@pytest.mark.parametrize("kwargs, arg", [
-    ({"wrong_rate": 1.5, "overlong_rate": 0.0}, "wrong_rate"),
-    ({"wrong_rate": 0.0, "overlong_rate": -0.1}, "overlong_rate"),
-    ({"wrong_rate": 1.0, "overlong_rate": 0.0}, "wrong_rate"),
-    ({"wrong_rate": 0.6, "overlong_rate": 0.6}, "wrong_rate \\+ overlong_rate"),
-])
+@pytest.mark.parametrize(
+    "kwargs, arg",
+    [
+        ({"wrong_rate": 1.5, "overlong_rate": 0.0}, "wrong_rate"),
+        ({"wrong_rate": 0.0, "overlong_rate": -0.1}, "overlong_rate"),
+        ({"wrong_rate": 1.0, "overlong_rate": 0.0}, "wrong_rate"),
+        ({"wrong_rate": 0.6, "overlong_rate": 0.6}, "wrong_rate \\+ overlong_rate"),
+    ],
+)
 def test_bad_rates_name_the_argument(kwargs, arg):
     p = Problem("L1-1+2", "1+2", "3", 1)
     with pytest.raises(ValueError, match=arg):
@@ -217,5 +225,6 @@ def test_bad_rates_name_the_argument(kwargs, arg):
 
 def test_unknown_teacher_lists_the_choices():
     with pytest.raises(ValueError, match="stepwise"):
-        teacher_solution("chatty", Problem("L1-1+2", "1+2", "3", 1), random.Random(0),
-                         wrong_rate=0.0, overlong_rate=0.0)
+        teacher_solution(
+            "chatty", Problem("L1-1+2", "1+2", "3", 1), random.Random(0), wrong_rate=0.0, overlong_rate=0.0
+        )

@@ -47,8 +47,14 @@ def test_steady_figures_split_compute_from_overhead():
     assert f["sync_share_of_step"] == pytest.approx(0.05 / 1.1)
     assert f["phase_share_of_step"]["other"] == pytest.approx(0.05 / 1.1)
     assert f["startup_s"] == 12.0
-    assert f["startup_stages_s"] == {"ray": 1.0, "worker_imports": 3.0, "train_setup": 1.0, "data": 1.0, "learner": 4.0,
-                                     "restore_and_sync": 2.0}
+    assert f["startup_stages_s"] == {
+        "ray": 1.0,
+        "worker_imports": 3.0,
+        "train_setup": 1.0,
+        "data": 1.0,
+        "learner": 4.0,
+        "restore_and_sync": 2.0,
+    }
 
 
 def test_verdicts_follow_each_target_direction():
@@ -115,11 +121,15 @@ def test_the_peers_row_gives_both_sides_the_same_work():
 
     from bench.peers import our_overrides, trl_inputs
     from orchestrator.spec import load_trial_spec
-    from trainables.tasks import train_problems
     from trainables.rollout.feed import step_prompts
+    from trainables.tasks import train_problems
 
     cfg = load_trial_spec("search_spaces/ead.yaml", our_overrides(3, "runs/bench", "peers"))
-    assert (cfg.algorithm.name, cfg.rollout.decoding.schedule, cfg.rollout.decoding.temperature) == ("grpo", "fixed", 1.0)
+    assert (cfg.algorithm.name, cfg.rollout.decoding.schedule, cfg.rollout.decoding.temperature) == (
+        "grpo",
+        "fixed",
+        1.0,
+    )
     assert cfg.learner.minibatches == 1 and cfg.validation.every == 0 and cfg.algorithm.kl_coef == 0
     work = trl_inputs(cfg)
     assert work["gradient_checkpointing"] is cfg.learner.gradient_checkpointing is False

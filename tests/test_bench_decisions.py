@@ -8,9 +8,28 @@ import math
 import numpy as np
 import pytest
 
-from bench.decisions import (BASE, FINAL, NEW, PROCEDURES, RUNG, STEPS, VAL_SE, VALIDATIONS, Knobs, World,
-                             correlated, curves, early_variance, one_sweep, rung_final_r, saved, search_config,
-                             seed_sds, shape, t_unit)
+from bench.decisions import (
+    BASE,
+    FINAL,
+    NEW,
+    PROCEDURES,
+    RUNG,
+    STEPS,
+    VAL_SE,
+    VALIDATIONS,
+    Knobs,
+    World,
+    correlated,
+    curves,
+    early_variance,
+    one_sweep,
+    rung_final_r,
+    saved,
+    search_config,
+    seed_sds,
+    shape,
+    t_unit,
+)
 
 MANY = 200_000  # seeds drawn where a test measures an SD or a correlation
 
@@ -83,9 +102,16 @@ def test_curves_add_the_early_effect_along_the_curve_and_the_late_one_after_the_
     assert y[0, 0, 1] == pytest.approx(0.4 + 0.01 + 0.02)
 
 
-@pytest.mark.parametrize("knobs, fix", [({"sd": 0.01}, "sd >= 0.019"), ({"rho": 1.5}, r"in \[0, 1\]"),
-                                        ({"df": 2}, "df > 2"), ({"noisy": 0.5}, "at least 1"),
-                                        ({"rung_r": 1.0}, r"in \(0, 1\)")])
+@pytest.mark.parametrize(
+    "knobs, fix",
+    [
+        ({"sd": 0.01}, "sd >= 0.019"),
+        ({"rho": 1.5}, r"in \[0, 1\]"),
+        ({"df": 2}, "df > 2"),
+        ({"noisy": 0.5}, "at least 1"),
+        ({"rung_r": 1.0}, r"in \(0, 1\)"),
+    ],
+)
 def test_knobs_refuse_a_world_that_cannot_be_drawn(knobs, fix):
     with pytest.raises(ValueError, match=fix):
         Knobs(**knobs)

@@ -44,89 +44,143 @@ def error_of(name, path, **kwargs) -> str:
 
 
 def test_registry_has_every_paper_benchmark():
-    assert set(BENCHMARKS) == {"aime24", "aime25", "amc", "math500", "minerva", "olympiadbench",
-                               "arc_challenge", "gpqa_diamond", "mmlu_pro"}
+    assert set(BENCHMARKS) == {
+        "aime24",
+        "aime25",
+        "amc",
+        "math500",
+        "minerva",
+        "olympiadbench",
+        "arc_challenge",
+        "gpqa_diamond",
+        "mmlu_pro",
+    }
     assert BENCHMARK_NAMES == (*BENCHMARKS, BUILTIN) and BUILTIN == "arithmetic"
     assert {name for name, layout in BENCHMARKS.items() if layout.kind == "choice"} == {
-        "arc_challenge", "gpqa_diamond", "mmlu_pro"}
+        "arc_challenge",
+        "gpqa_diamond",
+        "mmlu_pro",
+    }
 
 
 # -- math layouts ----------------------------------------------------------------------------------
 def test_aime24(tmp_path):
-    path = write_parquet(tmp_path / "aime24.parquet", [
-        {"id": 60, "problem": "Find x.", "solution": "...", "answer": "204", "url": "u", "year": "2024"},
-        {"id": 61, "problem": " Find y. ", "solution": "...", "answer": "25", "url": "u", "year": "2024"},
-    ])
+    path = write_parquet(
+        tmp_path / "aime24.parquet",
+        [
+            {"id": 60, "problem": "Find x.", "solution": "...", "answer": "204", "url": "u", "year": "2024"},
+            {"id": 61, "problem": " Find y. ", "solution": "...", "answer": "25", "url": "u", "year": "2024"},
+        ],
+    )
     problems, skipped = load_benchmark("aime24", path)
     assert problems == [BenchmarkProblem("aime24-60", "Find x.", "204"), BenchmarkProblem("aime24-61", "Find y.", "25")]
     assert skipped == Counter()
 
 
 def test_aime25_uses_row_index(tmp_path):
-    path = write_jsonl(tmp_path / "aime25.jsonl", [{"question": "Q1", "answer": "70"},
-                                                    {"question": "Q2", "answer": "588"}])
+    path = write_jsonl(
+        tmp_path / "aime25.jsonl", [{"question": "Q1", "answer": "70"}, {"question": "Q2", "answer": "588"}]
+    )
     problems, _ = load_benchmark("aime25", path)
-    assert [(p.uid, p.question, p.answer, p.choices) for p in problems] == [("aime25-0", "Q1", "70", ()),
-                                                                           ("aime25-1", "Q2", "588", ())]
+    assert [(p.uid, p.question, p.answer, p.choices) for p in problems] == [
+        ("aime25-0", "Q1", "70", ()),
+        ("aime25-1", "Q2", "588", ()),
+    ]
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_amc_float_answers(tmp_path, suffix):
-    path = write(tmp_path, "amc", suffix, [
-        {"id": 0, "problem": "P0", "answer": 142.0, "url": "u"},
-        {"id": 1, "problem": "P1", "answer": 0.5, "url": "u"},
-        {"id": 2, "problem": "P2", "answer": -3.0, "url": "u"},
-    ])
+    path = write(
+        tmp_path,
+        "amc",
+        suffix,
+        [
+            {"id": 0, "problem": "P0", "answer": 142.0, "url": "u"},
+            {"id": 1, "problem": "P1", "answer": 0.5, "url": "u"},
+            {"id": 2, "problem": "P2", "answer": -3.0, "url": "u"},
+        ],
+    )
     problems, skipped = load_benchmark("amc", path)
     assert [(p.uid, p.answer) for p in problems] == [("amc-0", "142"), ("amc-1", "0.5"), ("amc-2", "-3")]
     assert skipped == Counter()
 
 
 def test_math500_uses_unique_id(tmp_path):
-    path = write_jsonl(tmp_path / "math500.jsonl", [
-        {"problem": "Convert $(0,3)$ to polar.", "solution": "...", "answer": "\\left( 3, \\frac{\\pi}{2} \\right)",
-         "subject": "Precalculus", "level": 2, "unique_id": "test/precalculus/807.json"},
-    ])
+    path = write_jsonl(
+        tmp_path / "math500.jsonl",
+        [
+            {
+                "problem": "Convert $(0,3)$ to polar.",
+                "solution": "...",
+                "answer": "\\left( 3, \\frac{\\pi}{2} \\right)",
+                "subject": "Precalculus",
+                "level": 2,
+                "unique_id": "test/precalculus/807.json",
+            },
+        ],
+    )
     (problem,), _ = load_benchmark("math500", path)
-    assert problem == BenchmarkProblem("math500-test/precalculus/807.json", "Convert $(0,3)$ to polar.",
-                                       "\\left( 3, \\frac{\\pi}{2} \\right)")
+    assert problem == BenchmarkProblem(
+        "math500-test/precalculus/807.json", "Convert $(0,3)$ to polar.", "\\left( 3, \\frac{\\pi}{2} \\right)"
+    )
 
 
 def test_minerva(tmp_path):
-    path = write_parquet(tmp_path / "minerva.parquet", [{"question": "Q", "answer": "1.2e3"},
-                                                        {"question": "R", "answer": "7"}])
+    path = write_parquet(
+        tmp_path / "minerva.parquet", [{"question": "Q", "answer": "1.2e3"}, {"question": "R", "answer": "7"}]
+    )
     problems, _ = load_benchmark("minerva", path)
     assert [(p.uid, p.question, p.answer) for p in problems] == [("minerva-0", "Q", "1.2e3"), ("minerva-1", "R", "7")]
 
 
 def test_olympiadbench_takes_first_final_answer(tmp_path):
-    path = write_parquet(tmp_path / "olympiad.parquet", [
-        {"id": 1606, "question": "Q1", "final_answer": ["$\\frac{1}{2}$"], "solution": ["..."]},
-        {"id": 1607, "question": "Q2", "final_answer": ["3", "4"], "solution": ["..."]},
-        {"id": 1608, "question": "Q3", "final_answer": [], "solution": ["..."]},
-    ])
+    path = write_parquet(
+        tmp_path / "olympiad.parquet",
+        [
+            {"id": 1606, "question": "Q1", "final_answer": ["$\\frac{1}{2}$"], "solution": ["..."]},
+            {"id": 1607, "question": "Q2", "final_answer": ["3", "4"], "solution": ["..."]},
+            {"id": 1608, "question": "Q3", "final_answer": [], "solution": ["..."]},
+        ],
+    )
     problems, skipped = load_benchmark("olympiadbench", path)
-    assert [(p.uid, p.answer) for p in problems] == [("olympiadbench-1606", "$\\frac{1}{2}$"),
-                                                     ("olympiadbench-1607", "3")]
+    assert [(p.uid, p.answer) for p in problems] == [
+        ("olympiadbench-1606", "$\\frac{1}{2}$"),
+        ("olympiadbench-1607", "3"),
+    ]
     assert skipped == Counter({"empty:answer": 1})
 
 
 # -- multiple-choice layouts -----------------------------------------------------------------------
 ARC_ROWS = [
-    {"id": "Mercury_1", "question": "Which is a gas?",
-     "choices": {"text": ["rock", "water", "oxygen", "iron"], "label": ["A", "B", "C", "D"]}, "answerKey": "C"},
-    {"id": "MCAS_2", "question": "Pick two.",
-     "choices": {"text": ["one", "two", "three", "four"], "label": ["1", "2", "3", "4"]}, "answerKey": "2"},
-    {"id": "NYSEDREGENTS_3", "question": "Three options.",
-     "choices": {"text": ["x", "y", "z"], "label": ["A", "B", "C"]}, "answerKey": "A"},
+    {
+        "id": "Mercury_1",
+        "question": "Which is a gas?",
+        "choices": {"text": ["rock", "water", "oxygen", "iron"], "label": ["A", "B", "C", "D"]},
+        "answerKey": "C",
+    },
+    {
+        "id": "MCAS_2",
+        "question": "Pick two.",
+        "choices": {"text": ["one", "two", "three", "four"], "label": ["1", "2", "3", "4"]},
+        "answerKey": "2",
+    },
+    {
+        "id": "NYSEDREGENTS_3",
+        "question": "Three options.",
+        "choices": {"text": ["x", "y", "z"], "label": ["A", "B", "C"]},
+        "answerKey": "A",
+    },
 ]
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_arc_challenge_numeric_keys_map_to_letters(tmp_path, suffix):
     problems, skipped = load_benchmark("arc_challenge", write(tmp_path, "arc", suffix, ARC_ROWS))
-    assert [(p.uid, p.answer) for p in problems] == [("arc_challenge-Mercury_1", "C"), ("arc_challenge-MCAS_2", "B"),
-                                                     ("arc_challenge-NYSEDREGENTS_3", "A")]
+    assert [(p.uid, p.answer) for p in problems] == [
+        ("arc_challenge-Mercury_1", "C"),
+        ("arc_challenge-MCAS_2", "B"),
+        ("arc_challenge-NYSEDREGENTS_3", "A"),
+    ]
     assert problems[0].choices == ("rock", "water", "oxygen", "iron")
     assert problems[0].question == "Which is a gas?\nA. rock\nB. water\nC. oxygen\nD. iron"
     assert problems[1].question == "Pick two.\nA. one\nB. two\nC. three\nD. four"
@@ -135,9 +189,18 @@ def test_arc_challenge_numeric_keys_map_to_letters(tmp_path, suffix):
 
 
 def gpqa_rows(count):
-    return [{"Record ID": f"rec{i}", "Question": f"Question {i}?", "Correct Answer": f"right {i}",
-             "Incorrect Answer 1": f"wrong {i}a", "Incorrect Answer 2": f"wrong {i}b",
-             "Incorrect Answer 3": f"wrong {i}c", "Subdomain": "Physics"} for i in range(count)]
+    return [
+        {
+            "Record ID": f"rec{i}",
+            "Question": f"Question {i}?",
+            "Correct Answer": f"right {i}",
+            "Incorrect Answer 1": f"wrong {i}a",
+            "Incorrect Answer 2": f"wrong {i}b",
+            "Incorrect Answer 3": f"wrong {i}c",
+            "Subdomain": "Physics",
+        }
+        for i in range(count)
+    ]
 
 
 def test_gpqa_gold_letter_points_at_the_correct_answer(tmp_path):
@@ -146,8 +209,9 @@ def test_gpqa_gold_letter_points_at_the_correct_answer(tmp_path):
     assert skipped == Counter()
     for row, problem in zip(rows, problems, strict=True):
         assert problem.uid == f"gpqa_diamond-{row['Record ID']}"
-        assert sorted(problem.choices) == sorted([row["Correct Answer"], row["Incorrect Answer 1"],
-                                                  row["Incorrect Answer 2"], row["Incorrect Answer 3"]])
+        assert sorted(problem.choices) == sorted(
+            [row["Correct Answer"], row["Incorrect Answer 1"], row["Incorrect Answer 2"], row["Incorrect Answer 3"]]
+        )
         assert problem.choices["ABCD".index(problem.answer)] == row["Correct Answer"]
         assert f"\n{problem.answer}. {row['Correct Answer']}" in problem.question
         assert problem.question.startswith(row["Question"] + "\nA. ")
@@ -169,8 +233,11 @@ def test_gpqa_shuffle_is_deterministic_per_seed(tmp_path):
 def test_gpqa_csv_with_multiline_question(tmp_path):
     # GPQA is published as CSV; its questions hold newlines inside quotes.
     path = tmp_path / "gpqa_diamond.csv"
-    path.write_text('Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n'
-                    'recA,"Line one.\nLine two?",yes,no,maybe,never\n', encoding="utf-8")
+    path.write_text(
+        "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n"
+        'recA,"Line one.\nLine two?",yes,no,maybe,never\n',
+        encoding="utf-8",
+    )
     (problem,), _ = load_benchmark("gpqa_diamond", path)
     assert problem.uid == "gpqa_diamond-recA" and problem.question.startswith("Line one.\nLine two?\nA. ")
     assert problem.choices["ABCD".index(problem.answer)] == "yes"
@@ -178,13 +245,26 @@ def test_gpqa_csv_with_multiline_question(tmp_path):
 
 def test_mmlu_pro(tmp_path):
     ten = [f"option {i}" for i in range(10)]
-    path = write_parquet(tmp_path / "mmlu_pro.parquet", [
-        {"question_id": 70, "question": "Ten options?", "options": ten, "answer": "J", "answer_index": 9},
-        {"question_id": 71, "question": "Four options?", "options": ["a", "b", "c", "d"], "answer": "B",
-         "answer_index": 1},
-        {"question_id": 72, "question": "Letter past the options?", "options": ["a", "b", "c", "d"], "answer": "E",
-         "answer_index": 4},
-    ])
+    path = write_parquet(
+        tmp_path / "mmlu_pro.parquet",
+        [
+            {"question_id": 70, "question": "Ten options?", "options": ten, "answer": "J", "answer_index": 9},
+            {
+                "question_id": 71,
+                "question": "Four options?",
+                "options": ["a", "b", "c", "d"],
+                "answer": "B",
+                "answer_index": 1,
+            },
+            {
+                "question_id": 72,
+                "question": "Letter past the options?",
+                "options": ["a", "b", "c", "d"],
+                "answer": "E",
+                "answer_index": 4,
+            },
+        ],
+    )
     problems, skipped = load_benchmark("mmlu_pro", path)
     assert [(p.uid, p.answer) for p in problems] == [("mmlu_pro-70", "J"), ("mmlu_pro-71", "B")]
     assert problems[0].choices == tuple(ten) and problems[0].question.endswith("\nJ. option 9")
@@ -193,8 +273,10 @@ def test_mmlu_pro(tmp_path):
 
 # -- limits and other formats ----------------------------------------------------------------------
 def test_limit_keeps_the_first_good_problems(tmp_path):
-    path = write_jsonl(tmp_path / "minerva.jsonl", [{"question": None, "answer": "0"}] +
-                       [{"question": f"Q{i}", "answer": str(i)} for i in range(5)])
+    path = write_jsonl(
+        tmp_path / "minerva.jsonl",
+        [{"question": None, "answer": "0"}] + [{"question": f"Q{i}", "answer": str(i)} for i in range(5)],
+    )
     problems, skipped = load_benchmark("minerva", path, limit=2)
     assert [p.question for p in problems] == ["Q0", "Q1"] and skipped == Counter({"missing:question": 1})
     assert "limit" in error_of("minerva", path, limit=0)
@@ -223,9 +305,18 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "{not json\n", encoding="utf-8")
     problems, skipped = load_benchmark("math500", path)
     assert [(p.uid, p.question) for p in problems] == [("math500-a", "good 1"), ("math500-g", "good 2")]
-    assert skipped == Counter({"missing:question": 1, "type:question": 1, "empty:question": 1,
-                               "missing:answer": 1, "type:answer": 1, "duplicate:id": 1,
-                               "type:row": 1, "invalid:json": 1})
+    assert skipped == Counter(
+        {
+            "missing:question": 1,
+            "type:question": 1,
+            "empty:question": 1,
+            "missing:answer": 1,
+            "type:answer": 1,
+            "duplicate:id": 1,
+            "type:row": 1,
+            "invalid:json": 1,
+        }
+    )
 
 
 def test_bad_choices_are_skipped(tmp_path):
@@ -302,7 +393,11 @@ def test_builtin_validation_is_the_task_validation_split():
 def test_non_finite_gold_answers_are_skipped_and_counted(tmp_path):
     """A gold answer "nan" or "inf" names no value a response could match (math-verify would call a boxed
     nan correct): skipped as invalid, counted, as in a teacher's ground truth."""
-    rows = [{"problem": "1+1", "answer": "2"}, {"problem": "0/0", "answer": "nan"},
-            {"problem": "1/0", "answer": " -Infinity "}, {"problem": "x", "answer": "\\infty"}]
+    rows = [
+        {"problem": "1+1", "answer": "2"},
+        {"problem": "0/0", "answer": "nan"},
+        {"problem": "1/0", "answer": " -Infinity "},
+        {"problem": "x", "answer": "\\infty"},
+    ]
     problems, skipped = load_benchmark("math500", write(tmp_path, "math500", ".jsonl", rows))
     assert [p.answer for p in problems] == ["2", "\\infty"] and skipped == Counter({"invalid:answer": 2})

@@ -1,8 +1,8 @@
 """A multi-node Ray cluster on one machine (`ray.cluster_utils.Cluster`: a head and a worker raylet), used
 the way spot GPU nodes are: the worker node drained with a preemption notice, SIGTERM to a learner's
-process, the worker node taken away at each moment of a sweep's life and replaced. The learner ranks and the engines sit on the
-worker node (custom resource `spot`), the trial drivers on the head. Every interrupted run must end with
-the uninterrupted run's metric history, bit for bit, having lost no trial.
+process, the worker node taken away at each moment of a sweep's life and replaced. The learner ranks and
+the engines sit on the worker node (custom resource `spot`), the trial drivers on the head. Every
+interrupted run must end with the uninterrupted run's metric history, bit for bit, having lost no trial.
 """
 
 from __future__ import annotations
@@ -11,15 +11,26 @@ import json
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
+from faults import (
+    TRIAL,
+    check_confirmation_records,
+    committed,
+    fault_metrics,
+    history,
+    logged_step,
+    logged_steps,
+    reference_history,
+    runs,
+    sweep_spec,
+    trial_cfg,
+)
 
-from faults import (TRIAL, check_confirmation_records, committed, fault_metrics, history, logged_step, logged_steps,
-                    reference_history, runs, sweep_spec, trial_cfg)
 from orchestrator.launch import check_shared_storage, trial_demand, trials_that_fit
 
 SPOT = ["learner.resources={spot: 1}", "rollout.resources={spot: 1}"]  # two ranks and one engine per node
@@ -60,16 +71,21 @@ def replace(cluster, node) -> None:
     cluster.remove_node(node, allow_graceful=False)
 
 
-def command(module: str, storage: Path, *overrides: str, spec: str = "search_spaces/ead.yaml",
-            flags: tuple[str, ...] = ()) -> subprocess.Popen:
+def command(
+    module: str, storage: Path, *overrides: str, spec: str = "search_spaces/ead.yaml", flags: tuple[str, ...] = ()
+) -> subprocess.Popen:
     """A CLI driver joining the cluster (RAY_ADDRESS), as on a real one; the test's own thread stays free
     to add and remove nodes (Ray starts a node only from a process's main thread). Its output goes to a
     file: a pipe nobody reads while the test waits would fill and stop the driver mid-line."""
     sets = [arg for o in [f"storage={storage}", *TRIAL, *SPOT, *overrides] for arg in ("--set", o)]
     log = storage / "driver.log"
     with open(log, "w") as out:
-        driver = subprocess.Popen([sys.executable, "-m", f"orchestrator.{module}", spec, *sets, *flags],
-                                  stdout=out, stderr=subprocess.STDOUT, text=True)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", f"orchestrator.{module}", spec, *sets, *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     driver.log = log
     return driver
 
@@ -103,9 +119,23 @@ def test_a_drained_node_checkpoints_first_then_the_trial_moves(cluster, referenc
     node = spot_node(cluster)
     driver = command("train", tmp_path, "checkpoint.every=0")
     wait_until(lambda: logged_step(tmp_path) >= 1, driver)
-    subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address", cluster.address,
-                    "--node-id", node.node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
-                    "--reason-message", "spot reclaim", "--deadline-remaining-seconds", "120"], check=True)
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "drain-node",
+            "--address",
+            cluster.address,
+            "--node-id",
+            node.node_id,
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "spot reclaim",
+            "--deadline-remaining-seconds",
+            "120",
+        ],
+        check=True,
+    )
     wait_until(lambda: committed(tmp_path) >= [1], driver)
     replace(cluster, node)
     assert "drains: checkpointed after step" in finish(driver)
@@ -157,14 +187,20 @@ def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, referen
     ranks and engines is taken away at each moment of NODE_KILLS and replaced. The driver, on the head,
     lives on: every trial ends finished in MLflow, Optuna and Tune, each step logged once, the second's
     history the uninterrupted one bit for bit; the verdict is the one its confirmation seeds give."""
-    driver = command("sweep", tmp_path, "search.confirm={seeds: 2, max_seeds: 2}", spec=str(sweep_spec(tmp_path)),
-                     flags=("--name", "s", "--num-samples", "2"))
+    driver = command(
+        "sweep",
+        tmp_path,
+        "search.confirm={seeds: 2, max_seeds: 2}",
+        spec=str(sweep_spec(tmp_path)),
+        flags=("--name", "s", "--num-samples", "2"),
+    )
     for moment in moments.split("+"):
         wait_until(lambda: NODE_KILLS[moment](tmp_path), driver)
         replace(cluster, spot_node(cluster))
     out = finish(driver)
-    trials = {r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path)
-              if r.data.tags["stage"] == "select"}
+    trials = {
+        r.data.params["rollout.decoding.ead.tau_max"]: r for r in runs(tmp_path) if r.data.tags["stage"] == "select"
+    }
     assert sorted(trials) == ["1.0", "1.2"], out[-3000:]
     assert {(r.data.tags["state"], r.info.status) for r in trials.values()} == {("finished", "FINISHED")}
     for run in trials.values():
@@ -173,8 +209,11 @@ def test_a_sweep_loses_no_trial_whenever_its_spot_node_vanishes(cluster, referen
     assert fault_metrics(tmp_path, trials["1.2"])["faults/resumed_from_step"]  # it did lose its node
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'optuna.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
-    tune = [json.loads(line) for p in sorted((tmp_path / "s" / "tune").glob("trainable_*/result.json"))
-            for line in p.read_text().splitlines()[-1:]]
+    tune = [
+        json.loads(line)
+        for p in sorted((tmp_path / "s" / "tune").glob("trainable_*/result.json"))
+        for line in p.read_text().splitlines()[-1:]
+    ]
     assert [r["progress/step"] for r in tune] == [TRIAL_STEPS] * 2  # Tune's record: each at its last step
     check_confirmation_records(tmp_path, out)
 
@@ -199,4 +238,3 @@ def test_configurations_that_cannot_all_fit_run_in_turn(cluster, tmp_path):
 
 def test_a_folder_on_one_machine_serves_a_cluster_on_one_machine(cluster, tmp_path):
     check_shared_storage(str(tmp_path))  # every raylet here runs on this host: nothing to refuse
-

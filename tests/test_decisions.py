@@ -409,8 +409,7 @@ def test_seed_values_in_seed_order():
 
 
 def report(step, val_step, a, b):
-    return {"progress/step": step, "progress/val_step": val_step,
-            "seeds/0/val/accuracy": a, "seeds/1/val/accuracy": b}
+    return {"progress/step": step, "progress/val_step": val_step, "seeds/0/val/accuracy": a, "seeds/1/val/accuracy": b}
 
 
 def scheduler(milestones=(10,)):
@@ -472,9 +471,21 @@ def test_decide_without_seed_values_continues():
 def test_decide_min_mode_mirrors():
     s = IntervalRungs([10], 0.95)
     s.set_search_properties("val/loss", "min")
-    assert s.decide("a", {"progress/step": 10, "progress/val_step": 10,
-                          "seeds/0/val/loss": 0.10, "seeds/1/val/loss": 0.12}) == "CONTINUE"
-    assert s.decide("b", {"progress/step": 10, "progress/val_step": 10,
-                          "seeds/0/val/loss": 0.90, "seeds/1/val/loss": 0.92}) == "STOP"
-    assert s.decide("c", {"progress/step": 10, "progress/val_step": 10,
-                          "seeds/0/val/loss": 0.01, "seeds/1/val/loss": 0.03}) == "CONTINUE"
+    assert (
+        s.decide(
+            "a", {"progress/step": 10, "progress/val_step": 10, "seeds/0/val/loss": 0.10, "seeds/1/val/loss": 0.12}
+        )
+        == "CONTINUE"
+    )
+    assert (
+        s.decide(
+            "b", {"progress/step": 10, "progress/val_step": 10, "seeds/0/val/loss": 0.90, "seeds/1/val/loss": 0.92}
+        )
+        == "STOP"
+    )
+    assert (
+        s.decide(
+            "c", {"progress/step": 10, "progress/val_step": 10, "seeds/0/val/loss": 0.01, "seeds/1/val/loss": 0.03}
+        )
+        == "CONTINUE"
+    )

@@ -19,8 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder must never reach 
 
 SHORT = ["The answer is 12 because 3 times 4 is 12.", "Adding the two numbers gives 7.", "x = 5"]
 # ~160 tokens of baking, then ~650 of arithmetic: the opening window alone misses most of the text
-LONG = ("To bake bread, mix flour, water, yeast and salt, knead the dough and let it rise. " * 8
-        + " ".join(f"Step {i}: add {i} to the running total, which becomes {i * (i + 1) // 2}." for i in range(1, 50)))
+LONG = "To bake bread, mix flour, water, yeast and salt, knead the dough and let it rise. " * 8 + " ".join(
+    f"Step {i}: add {i} to the running total, which becomes {i * (i + 1) // 2}." for i in range(1, 50)
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ def test_packaged_path_is_a_model_folder():
 
 # -- encode ----------------------------------------------------------------------------------------
 
+
 def test_encode_shape_dtype_and_determinism(encoder):
     emb = encoder.encode(SHORT)
     assert emb.shape == (3, 384) and emb.dtype == torch.float32 and encoder.dimension == 384
@@ -53,9 +55,13 @@ def test_encode_shape_dtype_and_determinism(encoder):
 
 
 def test_paraphrases_are_closer_than_an_unrelated_sentence(encoder):
-    emb = encoder.encode(["The total is 12, since 3 times 4 equals 12.",
-                          "Multiplying 3 by 4 gives 12, so the answer is 12.",
-                          "The cat slept on the warm windowsill all afternoon."])  # [3, 384]
+    emb = encoder.encode(
+        [
+            "The total is 12, since 3 times 4 equals 12.",
+            "Multiplying 3 by 4 gives 12, so the answer is 12.",
+            "The cat slept on the warm windowsill all afternoon.",
+        ]
+    )  # [3, 384]
     sim = cosine_matrix(emb, emb)  # [3, 3]
     assert sim[0, 1] > sim[0, 2] + 0.3 and sim[0, 1] > sim[1, 2] + 0.3
 
@@ -66,6 +72,7 @@ def test_name_carries_model_and_mode(encoder, chunk_encoder):
 
 
 # -- long texts: truncate vs chunk -----------------------------------------------------------------
+
 
 def test_split_windows_hand_worked(encoder):
     pieces = split_windows("one two  three four five", encoder.model.tokenizer, window=2)
@@ -97,6 +104,7 @@ def test_chunk_differs_from_truncate_on_long_text_only(encoder, chunk_encoder):
 
 # -- offline cache ---------------------------------------------------------------------------------
 
+
 def test_offline_cache_memory_then_disk_then_invalidation(encoder, cache_dir):
     texts = ["Teacher one: 3 * 4 = 12, so \\boxed{12}.", "Teacher two: 4 + 4 + 4 = 12. \\boxed{12}"]
     before = encoder.texts_encoded
@@ -120,15 +128,21 @@ def test_offline_cache_memory_then_disk_then_invalidation(encoder, cache_dir):
 def test_cache_names_depend_on_encoder_key_and_texts(encoder, chunk_encoder):
     name = encoder.cache_file_name("k", ["a", "b"])
     assert name == encoder.cache_file_name("k", ["a", "b"])
-    others = {encoder.cache_file_name("k2", ["a", "b"]), encoder.cache_file_name("k", ["a", "c"]),
-              encoder.cache_file_name("k", ["b", "a"]), chunk_encoder.cache_file_name("k", ["a", "b"])}
+    others = {
+        encoder.cache_file_name("k2", ["a", "b"]),
+        encoder.cache_file_name("k", ["a", "c"]),
+        encoder.cache_file_name("k", ["b", "a"]),
+        chunk_encoder.cache_file_name("k", ["a", "b"]),
+    }
     assert name not in others and len(others) == 4
 
 
 def test_warm_offline_encodes_exactly_the_missing_texts_in_one_pass(encoder, monkeypatch):
-    items = {"w-0": ["first teacher, prompt 0", "second teacher, prompt 0"],
-             "w-1": ["only teacher, prompt 1"],
-             "w-2": ["a", "b", "c"]}
+    items = {
+        "w-0": ["first teacher, prompt 0", "second teacher, prompt 0"],
+        "w-1": ["only teacher, prompt 1"],
+        "w-2": ["a", "b", "c"],
+    }
     encoder.encode_offline("w-0", items["w-0"])  # already cached
     calls = []
     real_encode = encoder.encode
@@ -152,6 +166,7 @@ def test_warm_offline_encodes_exactly_the_missing_texts_in_one_pass(encoder, mon
 
 
 # -- errors at the edge ----------------------------------------------------------------------------
+
 
 def test_bad_model_path_is_one_line(tmp_path):
     missing = tmp_path / "no-such-model"

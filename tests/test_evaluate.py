@@ -17,17 +17,22 @@ from trainables.runtime.checkpoint import manifest_seal, write_manifest
 from trainables.runtime.seal import seal_key
 
 
-@pytest.mark.parametrize("extra, expected", [
-    (["--benchmarks", "aime26=x.parquet"], "unknown benchmark 'aime26'"),
-    (["--benchmarks", "math500"], "math500 needs its file"),
-    (["--benchmarks", "math500=/nonexistent/m.parquet"], "/nonexistent/m.parquet"),
-    (["--ead", "1.2,0.1"], "--ead: expected TAU_MAX,TAU_MIN,D"),
-    (["--ead", "0.1,1.2,25"], "--ead: expected"),
-    (["--temperatures", "1:0.1:0.1"], "--temperatures: expected START:STOP:STEP"),
-    (["--samples", "0"], "--samples must be between 1 and"), (["--samples", "100000000"], "--samples must be between"),
-    (["--temperatures", "0.1:1.0:1e-9"], "at most 100"), (["--temperatures", "0.1:inf:0.1"], "--temperatures: expected"),
-    (["--temperatures", "0.1:nan:0.1"], "--temperatures: expected"),
-])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--benchmarks", "aime26=x.parquet"], "unknown benchmark 'aime26'"),
+        (["--benchmarks", "math500"], "math500 needs its file"),
+        (["--benchmarks", "math500=/nonexistent/m.parquet"], "/nonexistent/m.parquet"),
+        (["--ead", "1.2,0.1"], "--ead: expected TAU_MAX,TAU_MIN,D"),
+        (["--ead", "0.1,1.2,25"], "--ead: expected"),
+        (["--temperatures", "1:0.1:0.1"], "--temperatures: expected START:STOP:STEP"),
+        (["--samples", "0"], "--samples must be between 1 and"),
+        (["--samples", "100000000"], "--samples must be between"),
+        (["--temperatures", "0.1:1.0:1e-9"], "at most 100"),
+        (["--temperatures", "0.1:inf:0.1"], "--temperatures: expected"),
+        (["--temperatures", "0.1:nan:0.1"], "--temperatures: expected"),
+    ],
+)
 def test_bad_arguments_are_one_line(tiny_model_path, capsys, extra, expected):
     assert evaluate.main([str(tiny_model_path), *extra]) == 2
     out = capsys.readouterr().out
@@ -45,13 +50,28 @@ def test_not_a_model_or_trial(tmp_path, capsys):
 def test_trained_trial_is_exported_and_evaluated(ray_cluster, tiny_model_path, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cfg = load_trial_spec("search_spaces/ead.yaml", [f"storage={tmp_path}", "learner.steps=2",
-                                                     "validation.every=0"])
+    cfg = load_trial_spec("search_spaces/ead.yaml", [f"storage={tmp_path}", "learner.steps=2", "validation.every=0"])
     train.run(cfg)
     trial = tmp_path / "ead"
     out = tmp_path / "eval.json"
-    assert evaluate.main([str(trial), "--benchmarks", "arithmetic", "--limit", "8", "--samples", "4",
-                          "--temperatures", "0.3:0.6:0.3", "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                str(trial),
+                "--benchmarks",
+                "arithmetic",
+                "--limit",
+                "8",
+                "--samples",
+                "4",
+                "--temperatures",
+                "0.3:0.6:0.3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
 
     record = json.loads(out.read_text())
     assert set(record["results"]) == {"T0.3", "T0.6"}
@@ -101,15 +121,26 @@ def trial_folder(tmp_path, snapshot: str, checkpoints: dict[str, dict[str, str]]
 
 
 def snapshot_of(*names: str) -> str:
-    return json.dumps({"checkpoint_results": [{"checkpoint_dir_name": n, "metrics": {}} for n in names],
-                       "latest_checkpoint_result": {"checkpoint_dir_name": names[-1]} if names else None})
+    return json.dumps(
+        {
+            "checkpoint_results": [{"checkpoint_dir_name": n, "metrics": {}} for n in names],
+            "latest_checkpoint_result": {"checkpoint_dir_name": names[-1]} if names else None,
+        }
+    )
 
 
-@pytest.mark.parametrize("snapshot, expected", [
-    ("", "Invalid JSON"), ("{" * 5000 + "}" * 5000, "JSON"), ("[]", "object"),
-    ('{"checkpoint_results": "x"}', "checkpoint_results"), ('{"checkpoint_results": [{"checkpoint_dir_name": 7}]}', "string"),
-    (snapshot_of("../.."), "one folder name"), (snapshot_of("/etc"), "one folder name"),
-])
+@pytest.mark.parametrize(
+    "snapshot, expected",
+    [
+        ("", "Invalid JSON"),
+        ("{" * 5000 + "}" * 5000, "JSON"),
+        ("[]", "object"),
+        ('{"checkpoint_results": "x"}', "checkpoint_results"),
+        ('{"checkpoint_results": [{"checkpoint_dir_name": 7}]}', "string"),
+        (snapshot_of("../.."), "one folder name"),
+        (snapshot_of("/etc"), "one folder name"),
+    ],
+)
 def test_a_trial_folder_whose_snapshot_is_malformed_is_one_line(tmp_path, capsys, snapshot, expected):
     target = trial_folder(tmp_path, snapshot)
     assert evaluate.main([str(target)]) == 2
@@ -121,24 +152,51 @@ def manifest(rank_files: dict[str, str]) -> str:
     """Rank 0's manifest of `rank_files`, sealed with this user's key (as a trial of this product writes it)."""
     import hashlib
 
-    files = {name: {"size": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-             for name, text in rank_files.items()}
+    files = {
+        name: {"size": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        for name, text in rank_files.items()
+    }
     return json.dumps({"rank": 0, "world_size": 1, "files": files, "seal": manifest_seal(0, 1, files, seal_key())})
 
 
-@pytest.mark.parametrize("state, expected", [
-    ("{not json", "trial_state.json"), (json.dumps({"step": 1}), "base_val"),
-    (json.dumps({"step": "1", "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/x", "trial": {}}),
-     "step"),
-    (json.dumps({"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/x", "trial": {},
-                 "extra": 1}), "extra"),
-    (json.dumps({"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/etc", "trial": {}}),
-     "model_path"),
-])
+@pytest.mark.parametrize(
+    "state, expected",
+    [
+        ("{not json", "trial_state.json"),
+        (json.dumps({"step": 1}), "base_val"),
+        (
+            json.dumps(
+                {"step": "1", "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/x", "trial": {}}
+            ),
+            "step",
+        ),
+        (
+            json.dumps(
+                {
+                    "step": 1,
+                    "base_val": {},
+                    "val_history": [],
+                    "metrics": {},
+                    "model_path": "/x",
+                    "trial": {},
+                    "extra": 1,
+                }
+            ),
+            "extra",
+        ),
+        (
+            json.dumps(
+                {"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": "/etc", "trial": {}}
+            ),
+            "model_path",
+        ),
+    ],
+)
 def test_checkpoints_whose_trial_state_is_malformed_are_unusable(tmp_path, capsys, state, expected):
     files = {"trial_state.json": state}
-    target = trial_folder(tmp_path, snapshot_of("checkpoint_1"), {"checkpoint_1": {**files, "MANIFEST.rank_0.json":
-                                                                                       manifest(files)}})
+    target = trial_folder(
+        tmp_path, snapshot_of("checkpoint_1"), {"checkpoint_1": {**files, "MANIFEST.rank_0.json": manifest(files)}}
+    )
     assert evaluate.main([str(target)]) == 2
     out = capsys.readouterr().out
     last = out.strip().splitlines()[-1]  # the error itself names the file and what was wrong with it
@@ -147,9 +205,15 @@ def test_checkpoints_whose_trial_state_is_malformed_are_unusable(tmp_path, capsy
     assert not (target / "export").exists()
 
 
-@pytest.mark.parametrize("text", ["[]", json.dumps({"rank": 0, "world_size": 1, "files": []}),
-                                  json.dumps({"rank": 0, "world_size": 1, "files": {"a": {"size": -1, "sha256": "0" * 64}}}),
-                                  json.dumps({"rank": 0, "world_size": 1, "files": {"/etc/passwd": {"size": 1, "sha256": "0" * 64}}})])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        json.dumps({"rank": 0, "world_size": 1, "files": []}),
+        json.dumps({"rank": 0, "world_size": 1, "files": {"a": {"size": -1, "sha256": "0" * 64}}}),
+        json.dumps({"rank": 0, "world_size": 1, "files": {"/etc/passwd": {"size": 1, "sha256": "0" * 64}}}),
+    ],
+)
 def test_checkpoints_whose_manifest_is_malformed_are_unusable(tmp_path, capsys, text):
     target = trial_folder(tmp_path, snapshot_of("checkpoint_1"), {"checkpoint_1": {"MANIFEST.rank_0.json": text}})
     assert evaluate.main([str(target)]) == 2
@@ -179,7 +243,8 @@ class Payload:
 
 
 def test_a_checkpoint_whose_deepspeed_files_are_foreign_is_refused_in_one_line_naming_the_file(
-        tiny_model_path, tmp_path, capsys):
+    tiny_model_path, tmp_path, capsys
+):
     """The weights-only guard holds inside DeepSpeed's loader, and the user reads which file it refused."""
     import torch
 
@@ -190,7 +255,14 @@ def test_a_checkpoint_whose_deepspeed_files_are_foreign_is_refused_in_one_line_n
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
         torch.save({"module": Payload(marker)}, folder / "engine" / name)
     (folder / "engine" / "latest").write_text("engine")
-    state = {"step": 1, "base_val": {}, "val_history": [], "metrics": {}, "model_path": str(tiny_model_path), "trial": {}}
+    state = {
+        "step": 1,
+        "base_val": {},
+        "val_history": [],
+        "metrics": {},
+        "model_path": str(tiny_model_path),
+        "trial": {},
+    }
     (folder / "trial_state.json").write_text(json.dumps(state))
     write_manifest(folder, 0, 1)
     assert evaluate.main([str(target)]) == 2

@@ -10,12 +10,12 @@ from trainables.evaluation import (
     answers_equal,
     avg_at_k,
     extract_answer,
+    judge,
     macro_average,
     majority_answer,
     majority_at_n,
     mean_pass_at_k,
     mean_worst_at_k,
-    judge,
     metric_key,
     pass_at_k,
     summarize,
@@ -24,6 +24,7 @@ from trainables.evaluation import (
 )
 
 # --- pass@k / worst@k -------------------------------------------------------------------------------
+
 
 def test_pass_at_k_edges():
     assert pass_at_k(8, 0, 4) == 0.0
@@ -70,9 +71,15 @@ def test_worst_at_k_hand_worked():
     assert worst_at_k(10, 7, 1) == pytest.approx(0.7)  # worst@1 = pass@1 = c / n
 
 
-@pytest.mark.parametrize("args, name", [
-    ((5, 6, 1), "c"), ((5, -1, 1), "c"), ((5, 2, 0), "k"), ((5, 2, 6), "k"),
-])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((5, 6, 1), "c"),
+        ((5, -1, 1), "c"),
+        ((5, 2, 0), "k"),
+        ((5, 2, 6), "k"),
+    ],
+)
 def test_bad_counts_name_the_argument(args, name):
     for metric in (pass_at_k, worst_at_k):
         with pytest.raises(ValueError, match=rf"^{name} ") as error:
@@ -81,6 +88,7 @@ def test_bad_counts_name_the_argument(args, name):
 
 
 # --- dataset means ----------------------------------------------------------------------------------
+
 
 def test_avg_at_k():
     correct = [[True, False, False, False], [True, True, True, True], [False, False, False, False]]
@@ -110,35 +118,42 @@ def test_macro_average_is_unweighted():
 
 # --- answers ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("response, answer", [
-    ("<think>half</think>So \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
-    ("<think>x</think>\\boxed{\\sqrt{\\frac{a}{b}}} done", "\\sqrt{\\frac{a}{b}}"),
-    ("<think>x</think>\\boxed{8} or \\boxed {7}", "7"),  # the last box
-    ("<think>\\boxed{3}</think>final \\boxed{ 4 }", "4"),  # after the last </think>
-    ("\\boxed{7}", None),  # no think block
-    ("<think>\\boxed{7}</think>so 7", None),  # the box is only before </think>
-    ("<think>x</think>no box", None),
-    ("<think>x</think>\\boxed{\\frac{1}{2}", None),  # never closes
-    ("<think>x</think>\\boxed{}", None),
-])
+
+@pytest.mark.parametrize(
+    "response, answer",
+    [
+        ("<think>half</think>So \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("<think>x</think>\\boxed{\\sqrt{\\frac{a}{b}}} done", "\\sqrt{\\frac{a}{b}}"),
+        ("<think>x</think>\\boxed{8} or \\boxed {7}", "7"),  # the last box
+        ("<think>\\boxed{3}</think>final \\boxed{ 4 }", "4"),  # after the last </think>
+        ("\\boxed{7}", None),  # no think block
+        ("<think>\\boxed{7}</think>so 7", None),  # the box is only before </think>
+        ("<think>x</think>no box", None),
+        ("<think>x</think>\\boxed{\\frac{1}{2}", None),  # never closes
+        ("<think>x</think>\\boxed{}", None),
+    ],
+)
 def test_extract_answer(response, answer):
     assert extract_answer(response) == answer
 
 
-@pytest.mark.parametrize("a, b, equal", [
-    ("1/2", "0.5", True),
-    ("0.5", "\\frac{1}{2}", True),
-    ("1/2", "1/3", False),
-    ("x+1", "1+x", True),
-    ("B", "b", True),
-    ("B", "C", False),
-    ("I", "i", True),  # a choice letter, not the imaginary unit
-    ("E", "2.718281828", False),  # nor Euler's number
-    ("\\frac{", "1/2", False),
-    ("1/2", "\\frac{", False),
-    ("", "1/2", False),
-    ("{{{{}", "\\sqrt[}{}^^}", False),
-])
+@pytest.mark.parametrize(
+    "a, b, equal",
+    [
+        ("1/2", "0.5", True),
+        ("0.5", "\\frac{1}{2}", True),
+        ("1/2", "1/3", False),
+        ("x+1", "1+x", True),
+        ("B", "b", True),
+        ("B", "C", False),
+        ("I", "i", True),  # a choice letter, not the imaginary unit
+        ("E", "2.718281828", False),  # nor Euler's number
+        ("\\frac{", "1/2", False),
+        ("1/2", "\\frac{", False),
+        ("", "1/2", False),
+        ("{{{{}", "\\sqrt[}{}^^}", False),
+    ],
+)
 def test_answers_equal(a, b, equal):
     assert answers_equal(a, b) is equal
 
@@ -152,6 +167,7 @@ def test_answers_equal_off_the_main_thread():
 
 
 # --- majority vote ----------------------------------------------------------------------------------
+
 
 def test_majority_groups_under_math_verify():
     # Three spellings of one half outvote two identical strings of one third.
@@ -193,13 +209,13 @@ def test_majority_at_n_bad_arguments():
 
 # --- table row --------------------------------------------------------------------------------------
 
+
 def test_summarize_keys_and_values_for_eight_samples():
     correct = [[True] * 8, [True, False] * 4, [False] * 8]
     answers = [["5"] * 8, ["1/2", "2"] * 4, ["x"] * 8]
     golds = ["5", "0.5", "3"]
     row = summarize(correct, answers, golds)
-    assert list(row) == ["avg@8", "pass@1", "pass@2", "pass@4", "pass@8", "maj@1", "maj@2", "maj@4", "maj@8",
-                         "worst@8"]
+    assert list(row) == ["avg@8", "pass@1", "pass@2", "pass@4", "pass@8", "maj@1", "maj@2", "maj@4", "maj@8", "worst@8"]
     assert row["avg@8"] == pytest.approx((1 + 0.5 + 0) / 3)
     assert row["pass@1"] == pytest.approx(row["avg@8"])
     assert row["pass@2"] == pytest.approx((1 + pass_at_k(8, 4, 2) + 0) / 3)
@@ -247,7 +263,10 @@ def test_answer_formats():
     assert [extract_answer(t, "boxed") for t in (trained, chat, qwen)] == ["15", None, "15"]
     assert [extract_answer(t, "last_number") for t in (trained, chat, qwen)] == ["15", "15", "15"]
     assert extract_answer("it is -1/2.", "last_number") == "-1/2"
-    assert judge([chat, qwen], "15.0", multiple_choice=False, answer_format="last_number") == ([True, True], ["15", "15"])
+    assert judge([chat, qwen], "15.0", multiple_choice=False, answer_format="last_number") == (
+        [True, True],
+        ["15", "15"],
+    )
     assert judge([chat, qwen], "15", multiple_choice=False) == ([False, False], [None, None])
     with pytest.raises(ValueError, match="answer_format must be one of think, boxed, last_number"):
         extract_answer(chat, "loose")

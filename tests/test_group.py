@@ -16,16 +16,30 @@ STEPS = 4
 
 def seed_cfg(storage, seed: int, *extra: str):
     """The default spec's trial at `seed`, its problems at seed 0 (as a sweep's seeds are)."""
-    return load_trial_spec("search_spaces/ead.yaml", [
-        f"storage={storage}", f"name=s{seed}", f"seed={seed}", "task.seed=0", f"learner.steps={STEPS}",
-        "validation.every=2", "validation.num_prompts=32", "checkpoint.every=2", *extra])
+    return load_trial_spec(
+        "search_spaces/ead.yaml",
+        [
+            f"storage={storage}",
+            f"name=s{seed}",
+            f"seed={seed}",
+            "task.seed=0",
+            f"learner.steps={STEPS}",
+            "validation.every=2",
+            "validation.num_prompts=32",
+            "checkpoint.every=2",
+            *extra,
+        ],
+    )
 
 
 def histories(tracker: Tracker, run_id: str) -> dict[str, list[tuple[int, float]]]:
     """Every metric the run logged at every step, but wall-clock times and the record of faults."""
     keys = tracker.client.get_run(run_id).data.metrics
-    return {key: sorted(tracker.metric_history(run_id, key)) for key in sorted(keys)
-            if not key.startswith(("timing/", "faults/"))}
+    return {
+        key: sorted(tracker.metric_history(run_id, key))
+        for key in sorted(keys)
+        if not key.startswith(("timing/", "faults/"))
+    }
 
 
 def train_together(storage, cfgs, name: str):
@@ -35,8 +49,9 @@ def train_together(storage, cfgs, name: str):
     uri = default_tracking_uri(str(storage))
     tracker = Tracker(uri, cfgs[0].logging.experiment)
     run_ids = [tracker.start_trial_run(cfg) for cfg in cfgs]
-    result = launch.fit_trial(cfgs, resolve_model_path(cfgs[0].model, cfgs[0].cache_dir), name=name,
-                              tracking_uri=uri, run_ids=run_ids)
+    result = launch.fit_trial(
+        cfgs, resolve_model_path(cfgs[0].model, cfgs[0].cache_dir), name=name, tracking_uri=uri, run_ids=run_ids
+    )
     for run_id in run_ids:
         tracker.finish(run_id, "finished")
     return result, tracker, run_ids
@@ -58,8 +73,9 @@ def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_mo
     them) and each alone: every metric at every step equal, and the run's report each seed's own."""
     alone, together = tmp_path / "alone", tmp_path / "together"
     finals = [train.run(seed_cfg(alone, seed, f"rollout.overlap={overlap}")) for seed in (0, 1)]
-    result, grouped, run_ids = train_together(together, [seed_cfg(together, seed, f"rollout.overlap={overlap}")
-                                                         for seed in (0, 1)], "both")
+    result, grouped, run_ids = train_together(
+        together, [seed_cfg(together, seed, f"rollout.overlap={overlap}") for seed in (0, 1)], "both"
+    )
     assert result.error is None
     single = Tracker(default_tracking_uri(str(alone)), "rlvr-explore")
     same_as_alone(single, grouped, run_ids)
@@ -69,7 +85,12 @@ def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_mo
         assert report["rollout/reward_mean"] == final["rollout/reward_mean"]
     assert result.metrics["val/accuracy"] == pytest.approx(sum(f["val/accuracy"] for f in finals) / 2)
     # The checkpoint holds each seed's part in a folder of its own.
-    assert sorted(p.name for p in (together / "both").glob("checkpoint_*/seed_*")) == ["seed_0", "seed_0", "seed_1", "seed_1"]  # keep: 2
+    assert sorted(p.name for p in (together / "both").glob("checkpoint_*/seed_*")) == [
+        "seed_0",
+        "seed_0",
+        "seed_1",
+        "seed_1",
+    ]  # keep: 2
 
 
 @pytest.mark.slow

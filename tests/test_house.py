@@ -12,9 +12,17 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 PACKAGES = ("trainables", "orchestrator", "bench")
-PURE = ("trainables.algo.losses", "trainables.algo.advantages", "trainables.algo.logprobs", "trainables.rewards.oger",
-        "trainables.rollout.ead", "trainables.algo.hybrid", "trainables.step_metrics", "trainables.metrics",
-        "orchestrator.stats")
+PURE = (
+    "trainables.algo.losses",
+    "trainables.algo.advantages",
+    "trainables.algo.logprobs",
+    "trainables.rewards.oger",
+    "trainables.rollout.ead",
+    "trainables.algo.hybrid",
+    "trainables.step_metrics",
+    "trainables.metrics",
+    "orchestrator.stats",
+)
 FRAMEWORKS = ("ray", "deepspeed", "vllm", "mlflow", "optuna")
 
 
@@ -51,7 +59,7 @@ def cycle() -> list[str] | None:
         path.append(module)
         for other in sorted(GRAPH[module]):
             if state.get(other) == 1:
-                return path[path.index(other):] + [other]
+                return path[path.index(other) :] + [other]
             if other not in state and (found := visit(other)):
                 return found
         path.pop()
@@ -66,21 +74,24 @@ def test_the_project_has_modules_and_no_import_cycle():
     assert cycle() is None, " -> ".join(cycle())
 
 
-@pytest.mark.parametrize("lower, upper", [
-    ("trainables", "orchestrator"),  # a trial's code runs inside Ray Train workers
-    ("trainables", "bench"),
-    ("trainables.data", "trainables.config"),  # data functions take plain arguments
-    ("trainables.data", "trainables.tasks"),
-    ("trainables.rewards", "trainables.config"),
-    ("trainables.rollout", "trainables.config"),
-    ("trainables.rollout", "trainables.trial"),
-    ("trainables.algo", "trainables.runtime"),  # the algorithm knows nothing of how a trial runs
-    ("trainables.algo", "trainables.trial"),
-    ("trainables.algo", "trainables.learner"),
-    ("trainables.runtime", "trainables.algo"),  # the machinery knows nothing of the algorithm
-    ("trainables.runtime", "trainables.config"),
-    ("trainables.runtime", "trainables.trial"),
-])
+@pytest.mark.parametrize(
+    "lower, upper",
+    [
+        ("trainables", "orchestrator"),  # a trial's code runs inside Ray Train workers
+        ("trainables", "bench"),
+        ("trainables.data", "trainables.config"),  # data functions take plain arguments
+        ("trainables.data", "trainables.tasks"),
+        ("trainables.rewards", "trainables.config"),
+        ("trainables.rollout", "trainables.config"),
+        ("trainables.rollout", "trainables.trial"),
+        ("trainables.algo", "trainables.runtime"),  # the algorithm knows nothing of how a trial runs
+        ("trainables.algo", "trainables.trial"),
+        ("trainables.algo", "trainables.learner"),
+        ("trainables.runtime", "trainables.algo"),  # the machinery knows nothing of the algorithm
+        ("trainables.runtime", "trainables.config"),
+        ("trainables.runtime", "trainables.trial"),
+    ],
+)
 def test_arrows_point_down(lower, upper):
     up = {(m, i) for m in MODULES if m.startswith(lower) for i in GRAPH[m] if i.startswith(upper)}
     assert not up, up
@@ -95,8 +106,12 @@ def test_the_map_names_every_module():
     """docs/architecture.md (`How it fits together`: the pictures and the rooms) names each module of the
     trial and the orchestrator by its file name, so a newcomer finds every file on the map."""
     house = (ROOT / "docs" / "architecture.md").read_text()
-    files = {p.name for package in ("trainables", "orchestrator") for p in (ROOT / package).rglob("*.py")
-             if p.name not in ("__init__.py", "__main__.py")}
+    files = {
+        p.name
+        for package in ("trainables", "orchestrator")
+        for p in (ROOT / package).rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    }
     missing = sorted(f for f in files if not re.search(rf"(?<![\w.]){re.escape(f)}(?!\w)", house))
     assert not missing, f"name these modules in docs/architecture.md's map of the rooms: {missing}"
 

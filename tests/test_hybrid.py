@@ -8,9 +8,9 @@ import torch
 from transformers import AutoTokenizer
 
 from trainables.algo.algorithms import ALGORITHMS
+from trainables.algo.hybrid import mix_teachers, teacher_response
 from trainables.data.arithmetic import TEACHERS, make_splits, teacher_solution
 from trainables.data.offline import build_store, builtin_rows
-from trainables.algo.hybrid import mix_teachers, teacher_response
 from trainables.rewards.embed import TrajectoryEncoder
 from trainables.rewards.verify import score_batch
 from trainables.rollout.types import RolloutBatch
@@ -22,8 +22,11 @@ N, K = 4, 1
 def setup(tiny_model_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     problems, _ = make_splits(11, [1], train_size=3, val_size=0)
-    store = build_store(builtin_rows(problems[:2], seed=0, wrong_rate=0.0, overlong_rate=0.0),
-                        count_tokens=lambda t: len(tokenizer(t)["input_ids"]) + 1, max_tokens=64)
+    store = build_store(
+        builtin_rows(problems[:2], seed=0, wrong_rate=0.0, overlong_rate=0.0),
+        count_tokens=lambda t: len(tokenizer(t)["input_ids"]) + 1,
+        max_tokens=64,
+    )
     rng = np.random.default_rng(0)
     texts, golds = [], []
     for p in problems:  # per prompt: two correct answers in different styles, two wrong ones
@@ -32,19 +35,32 @@ def setup(tiny_model_path):
         texts += right + wrong
         golds.append(p.answer)
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
-    rollouts = RolloutBatch(prompt_ids=[[1, 2]] * len(problems), response_ids=ids,
-                            behaviour_logprobs=[[-0.5] * len(r) for r in ids], texts=texts,
-                            finish_reasons=["stop"] * len(texts), n=N)
+    rollouts = RolloutBatch(
+        prompt_ids=[[1, 2]] * len(problems),
+        response_ids=ids,
+        behaviour_logprobs=[[-0.5] * len(r) for r in ids],
+        texts=texts,
+        finish_reasons=["stop"] * len(texts),
+        n=N,
+    )
     verifiable = torch.tensor(score_batch(texts, [g for g in golds for _ in range(N)])[0])
     encoder = TrajectoryEncoder()
 
     def embed(online, keys):
-        return encoder.encode(online), {k: encoder.encode([t.text for t in store.for_prompt(k)])
-                                        for k in keys if store.for_prompt(k)}
+        return encoder.encode(online), {
+            k: encoder.encode([t.text for t in store.for_prompt(k)]) for k in keys if store.for_prompt(k)
+        }
 
-    return dict(rollouts=rollouts, keys=[p.question for p in problems], golds=golds, verifiable=verifiable,
-                last_entropy=torch.tensor([0.0, 0.5, 0.1, 0.2] * len(problems)), store=store, embed=embed,
-                tokenizer=tokenizer)
+    return dict(
+        rollouts=rollouts,
+        keys=[p.question for p in problems],
+        golds=golds,
+        verifiable=verifiable,
+        last_entropy=torch.tensor([0.0, 0.5, 0.1, 0.2] * len(problems)),
+        store=store,
+        embed=embed,
+        tokenizer=tokenizer,
+    )
 
 
 def run(setup, name: str):
@@ -55,10 +71,20 @@ def run(setup, name: str):
 
     preset = ALGORITHMS[name]
     embeddings = s["embed"](s["rollouts"].texts, s["keys"]) if preset.needs_embeddings else None
-    return mix_teachers(s["rollouts"], s["keys"], s["golds"], s["verifiable"], s["last_entropy"], embeddings,
-                        preset=preset, k=K, store=s["store"], score=score,
-                        to_response=lambda text: teacher_response(text, s["tokenizer"], 64),
-                        rng=np.random.default_rng(7))
+    return mix_teachers(
+        s["rollouts"],
+        s["keys"],
+        s["golds"],
+        s["verifiable"],
+        s["last_entropy"],
+        embeddings,
+        preset=preset,
+        k=K,
+        store=s["store"],
+        score=score,
+        to_response=lambda text: teacher_response(text, s["tokenizer"], 64),
+        rng=np.random.default_rng(7),
+    )
 
 
 def test_oger_and_oger_no_reward_differ_only_by_the_exploration_reward(setup):

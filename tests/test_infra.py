@@ -19,9 +19,13 @@ from orchestrator.spec import load_sweep_spec, load_trial_spec
 REPO = Path(__file__).resolve().parent.parent
 INFRA = REPO / "infra"
 PAPER = sorted((REPO / "search_spaces" / "paper").glob("*.yaml"))
-RENDER = {"IMAGE": "registry.example/rlvr-explore:gpu", "BUCKET": "s3://bucket/rlvr",
-          "SPEC": "search_spaces/paper/oger_sweep_1.5b.yaml", "MLFLOW_URI": "http://mlflow.rlvr.svc:5000",
-          "OPERATOR_NAMESPACE": "kuberay-system"}
+RENDER = {
+    "IMAGE": "registry.example/rlvr-explore:gpu",
+    "BUCKET": "s3://bucket/rlvr",
+    "SPEC": "search_spaces/paper/oger_sweep_1.5b.yaml",
+    "MLFLOW_URI": "http://mlflow.rlvr.svc:5000",
+    "OPERATOR_NAMESPACE": "kuberay-system",
+}
 
 
 def render(path: Path) -> list[dict]:
@@ -47,8 +51,10 @@ def test_rayjob_renders_into_a_sweep_on_spot_gpus():
     (job,) = render(INFRA / "k8s" / "rayjob-sweep.yaml")
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
     spec = job["spec"]
-    assert spec["entrypoint"] == (f"python -m orchestrator.sweep {RENDER['SPEC']} --storage {RENDER['BUCKET']} "
-                                  f"--tracking-uri {RENDER['MLFLOW_URI']}")
+    assert spec["entrypoint"] == (
+        f"python -m orchestrator.sweep {RENDER['SPEC']} --storage {RENDER['BUCKET']} "
+        f"--tracking-uri {RENDER['MLFLOW_URI']}"
+    )
     load_sweep_spec(REPO / RENDER["SPEC"], check_files=False)  # the spec it runs is valid
     cluster = spec["rayClusterSpec"]
     assert cluster["rayVersion"] == version("ray")
@@ -66,8 +72,12 @@ def test_rayjob_renders_into_a_sweep_on_spot_gpus():
 def test_mlflow_manifest_renders_with_the_projects_mlflow():
     docs = render(INFRA / "k8s" / "mlflow.yaml")
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert kinds == {("PersistentVolumeClaim", "mlflow-store"), ("PersistentVolumeClaim", "rlvr-sweeps"),
-                     ("Deployment", "mlflow"), ("Service", "mlflow")}
+    assert kinds == {
+        ("PersistentVolumeClaim", "mlflow-store"),
+        ("PersistentVolumeClaim", "rlvr-sweeps"),
+        ("Deployment", "mlflow"),
+        ("Service", "mlflow"),
+    }
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].endswith(f":v{version('mlflow')}")  # the server speaks the client's version
@@ -79,7 +89,9 @@ def test_network_policies_fence_mlflow_and_the_dashboard():
     (mlflow,) = [d for d in render(INFRA / "k8s" / "mlflow.yaml") if d["kind"] == "Deployment"]
     labels = mlflow["spec"]["template"]["metadata"]["labels"]
     assert policies["mlflow-private"]["podSelector"]["matchLabels"].items() <= labels.items()
-    assert policies["mlflow-private"]["ingress"] == [{"from": [{"podSelector": {}}], "ports": [{"port": 5000, "protocol": "TCP"}]}]
+    assert policies["mlflow-private"]["ingress"] == [
+        {"from": [{"podSelector": {}}], "ports": [{"port": 5000, "protocol": "TCP"}]}
+    ]
     dashboard = policies["ray-dashboard-private"]
     assert dashboard["podSelector"]["matchLabels"] == {"ray.io/node-type": "head"}  # KubeRay's label on the head pod
     (rule,) = dashboard["ingress"]
@@ -124,8 +136,12 @@ def test_gpu_smoke_learner_side_runs_on_cpu():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "infra/gpu_smoke.py", "--cpu", "--learner-only", "--zero-stage", "2"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "infra/gpu_smoke.py", "--cpu", "--learner-only", "--zero-stage", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "ZeRO-2" in out.stdout and "FAILED" not in out.stdout
     assert out.stdout.count("  ok  ") == 3  # moved, held by the engine, changes the samples (IPC: GPUs only)
@@ -137,8 +153,12 @@ def test_gpu_memory_check_runs_through_its_cpu_path(tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "infra/gpu_memory.py", "--cpu", "--json", str(tmp_path / "m.json")],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "infra/gpu_memory.py", "--cpu", "--json", str(tmp_path / "m.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "m.json").read_text())
     assert list(result["phases"]) == ["forward", "backward", "optimizer step", "weight push"]

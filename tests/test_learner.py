@@ -8,10 +8,10 @@ import torch
 
 from trainables.config import TrialConfig
 from trainables.data.arithmetic import make_splits
-from trainables.tasks import encode_prompt
 from trainables.learner import build_train_batch, last_token_index
 from trainables.rollout.hf import HFEngine
 from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.tasks import encode_prompt
 
 PROMPTS, GROUP = 4, 4
 
@@ -38,8 +38,9 @@ def test_behaviour_logprobs_match_the_learner_at_temperature_one(rollouts, tiny_
     last = last_token_index(batch.response_mask)
     lengths = torch.tensor([len(r) for r in rollouts.response_ids])
     assert torch.equal(batch.response_mask.sum(1), lengths)
-    assert all(batch.response_mask[i, last[i]] and not batch.response_mask[i, last[i] + 1 :].any()
-               for i in range(batch.size))
+    assert all(
+        batch.response_mask[i, last[i]] and not batch.response_mask[i, last[i] + 1 :].any() for i in range(batch.size)
+    )
 
 
 def pass_only(cfg: TrialConfig):
@@ -66,8 +67,11 @@ def test_chunked_passes_equal_the_full_logits_pass(rollouts, tiny_model_path, ch
         model.zero_grad()
         logp, entropy = pass_only(cfg)._forward(model, batch, "grad")
         (logp[mask].sum() + 0.1 * entropy[mask].sum()).backward()
-        results[name] = (logp[mask].detach(), entropy[mask].detach(),
-                         {k: p.grad.clone() for k, p in model.named_parameters()})
+        results[name] = (
+            logp[mask].detach(),
+            entropy[mask].detach(),
+            {k: p.grad.clone() for k, p in model.named_parameters()},
+        )
     torch.testing.assert_close(results["chunked"][0], results["full"][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results["chunked"][1], results["full"][1], rtol=1e-5, atol=1e-5)
     for key, grad in results["full"][2].items():
@@ -91,8 +95,10 @@ def test_learner_at_the_rollout_temperature_is_on_policy(tiny_model_path):
     rollouts = engine.generate([encode_prompt(engine.tokenizer, p) for p in train], GROUP, spec)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
     weights = {}
-    for name, taus in (("rollout", tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)),
-                       ("1.0", None)):
+    for name, taus in (
+        ("rollout", tau_table(spec.schedule, spec.params, spec.step, spec.max_new_tokens)),
+        ("1.0", None),
+    ):
         batch = build_train_batch(rollouts, pad_id=0, taus=taus)
         with torch.no_grad():
             logp, _ = pass_only(TrialConfig())._forward(model, batch)  # the learner's own pass
@@ -114,8 +120,14 @@ def one_update(config: dict) -> None:
     full: RolloutBatch = config["rollouts"]
     prompts = len(full.prompt_ids) // world
     rows = slice(rank * prompts * GROUP, (rank + 1) * prompts * GROUP)  # this rank's whole groups
-    shard = RolloutBatch(full.prompt_ids[rank * prompts : (rank + 1) * prompts], full.response_ids[rows],
-                         full.behaviour_logprobs[rows], full.texts[rows], full.finish_reasons[rows], n=GROUP)
+    shard = RolloutBatch(
+        full.prompt_ids[rank * prompts : (rank + 1) * prompts],
+        full.response_ids[rows],
+        full.behaviour_logprobs[rows],
+        full.texts[rows],
+        full.finish_reasons[rows],
+        n=GROUP,
+    )
     learner = Learner(config["model_path"], TrialConfig.model_validate(config["trial"]), world_size=world)
     batch = build_train_batch(shard, pad_id=0)
     logp_old, _ = learner.old_logprobs(batch)
@@ -139,17 +151,36 @@ def test_one_and_two_workers_give_the_same_weights(ray_cluster, rollouts, tiny_m
     weights = {}
     # 16 sequences: 1 rank x 4 micro-batches of 4, or 2 ranks x 2 micro-batches of 4; then 2 ranks under ZeRO-3
     # with micro-batches sized by tokens (as many on each rank), gradient checkpointing and logits chunks of 7.
-    runs = {1: {"zero_stage": 2}, 2: {"zero_stage": 2},
-            "tokens": {"zero_stage": 3, "max_tokens_per_micro_batch": 90, "gradient_checkpointing": True,
-                       "logits_chunk_tokens": 7}}
+    runs = {
+        1: {"zero_stage": 2},
+        2: {"zero_stage": 2},
+        "tokens": {
+            "zero_stage": 3,
+            "max_tokens_per_micro_batch": 90,
+            "gradient_checkpointing": True,
+            "logits_chunk_tokens": 7,
+        },
+    }
     for run, options in runs.items():
         world = 1 if run == 1 else 2
-        trial = TrialConfig.model_validate({
-            "rollout": {"group_size": GROUP, "max_new_tokens": 24},
-            "learner": {"num_workers": world, "prompts_per_step": PROMPTS, "micro_batch_size": 4, "lr": lr, **options},
-        })
-        weights[run] = train_once(f"dp-{run}", trial, {"rollouts": rollouts, "model_path": str(tiny_model_path),
-                                                       "advantages": advantages}, tmp_path)
+        trial = TrialConfig.model_validate(
+            {
+                "rollout": {"group_size": GROUP, "max_new_tokens": 24},
+                "learner": {
+                    "num_workers": world,
+                    "prompts_per_step": PROMPTS,
+                    "micro_batch_size": 4,
+                    "lr": lr,
+                    **options,
+                },
+            }
+        )
+        weights[run] = train_once(
+            f"dp-{run}",
+            trial,
+            {"rollouts": rollouts, "model_path": str(tiny_model_path), "advantages": advantages},
+            tmp_path,
+        )
     before = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     moved = max((weights[1][k] - before[k]).abs().max().item() for k in before)
     # Adam's first step moves a weight by up to lr; summation order may differ in the last bits.
@@ -174,7 +205,8 @@ def train_once(name: str, trial: TrialConfig, config: dict, tmp_path) -> dict[st
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
     out = tmp_path / f"weights-{name}.pt"
     TorchTrainer(
-        one_update, train_loop_config={**config, "trial": trial.model_dump(mode="json"), "out": str(out)},
+        one_update,
+        train_loop_config={**config, "trial": trial.model_dump(mode="json"), "out": str(out)},
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=trial.learner.num_workers, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=name, storage_path=str(tmp_path / "ray")),
@@ -196,12 +228,30 @@ def test_the_weight_push_lands_every_tensor_bit_for_bit(ray_cluster, rollouts, t
     assert sum(t.numel() * t.element_size() for t in initial.values()) > 3 * 2**20  # more than 3 buckets
     for zero, world, transfer in runs:
         rollout = {"group_size": GROUP, "max_new_tokens": 24, "weight_transfer": transfer, "weight_bucket_mb": 1}
-        trial = TrialConfig.model_validate({"rollout": rollout, "learner": {
-            "num_workers": world, "prompts_per_step": PROMPTS, "micro_batch_size": 4, "lr": 1e-3, "zero_stage": zero}})
+        trial = TrialConfig.model_validate(
+            {
+                "rollout": rollout,
+                "learner": {
+                    "num_workers": world,
+                    "prompts_per_step": PROMPTS,
+                    "micro_batch_size": 4,
+                    "lr": 1e-3,
+                    "zero_stage": zero,
+                },
+            }
+        )
         engines = [start_rollout_service(trial.rollout, tiny_model_path) for _ in range(2)]
-        learner = train_once(f"push-{zero}-{world}-{transfer}", trial, {
-            "rollouts": rollouts, "model_path": str(tiny_model_path), "engines": engines,
-            "advantages": torch.randn(PROMPTS * GROUP, generator=torch.Generator().manual_seed(zero))}, tmp_path)
+        learner = train_once(
+            f"push-{zero}-{world}-{transfer}",
+            trial,
+            {
+                "rollouts": rollouts,
+                "model_path": str(tiny_model_path),
+                "engines": engines,
+                "advantages": torch.randn(PROMPTS * GROUP, generator=torch.Generator().manual_seed(zero)),
+            },
+            tmp_path,
+        )
         assert any(not torch.equal(learner[k], initial[k]) for k in initial)  # the update moved the weights
         for engine in engines:
             held = ray.get(engine.__ray_call__.remote(lambda service: service.engine.model.state_dict()))
@@ -267,8 +317,13 @@ def test_old_log_probs_from_the_update_pass_give_the_same_step(tiny_model_path, 
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", FUSED, str(tiny_model_path), schedule, str(micro)],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    out = subprocess.run(
+        [sys.executable, "-c", FUSED, str(tiny_model_path), schedule, str(micro)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["moved"] > 1e-4 and found["tis_spread"] > 1e-2  # the step moved the weights; TIS is not all ones

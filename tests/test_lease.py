@@ -14,11 +14,15 @@ from orchestrator import experiment, launch, sweep, train
 from orchestrator.lease import LEASE_FILE, Lease
 from orchestrator.spec import SpecError
 
-HOLD = ("import sys, time\nfrom orchestrator.lease import Lease\nLease(sys.argv[1]).acquire('x')\n"
-        "print('held', flush=True)\ntime.sleep(120)\n")
-TRY = ("import sys\nfrom orchestrator.lease import Lease\nfrom orchestrator.spec import SpecError\n"
-       "try:\n    Lease(sys.argv[1]).acquire('x')\n    print('held', flush=True)\n"
-       "except SpecError:\n    print('refused', flush=True)\nimport time; time.sleep(3)\n")
+HOLD = (
+    "import sys, time\nfrom orchestrator.lease import Lease\nLease(sys.argv[1]).acquire('x')\n"
+    "print('held', flush=True)\ntime.sleep(120)\n"
+)
+TRY = (
+    "import sys\nfrom orchestrator.lease import Lease\nfrom orchestrator.spec import SpecError\n"
+    "try:\n    Lease(sys.argv[1]).acquire('x')\n    print('held', flush=True)\n"
+    "except SpecError:\n    print('refused', flush=True)\nimport time; time.sleep(3)\n"
+)
 
 
 @pytest.fixture
@@ -38,10 +42,11 @@ def test_a_second_command_of_the_same_name_is_refused(holder, tmp_path, capsys, 
     monkeypatch.setattr(experiment, "start_cluster", started)
     monkeypatch.setattr(launch, "start_cluster", started)
     monkeypatch.setattr(launch, "fit_trial", started)
-    for main, args in ((sweep.main, ["search_spaces/ead.yaml", "--storage", str(tmp_path)]),
-                       (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead",
-                                     "--resume"]),
-                       (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead"])):
+    for main, args in (
+        (sweep.main, ["search_spaces/ead.yaml", "--storage", str(tmp_path)]),
+        (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead", "--resume"]),
+        (train.main, ["search_spaces/ead.yaml", "--set", f"storage={tmp_path}", "--set", "name=ead"]),
+    ):
         assert main(args) == 2
         lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
         assert len(lines) == 1 and "is running" in lines[0] and f"pid {holder.pid}" in lines[0], lines
@@ -59,8 +64,9 @@ def test_a_dead_holders_lease_is_taken_over_at_once(holder, tmp_path):
 
 @pytest.mark.parametrize("expires_in, refused", [(30.0, True), (-1.0, False)])
 def test_another_machines_lease_counts_until_it_expires(tmp_path, expires_in, refused):
-    (tmp_path / LEASE_FILE).write_text(json.dumps({"owner": "o", "host": "elsewhere", "pid": 1,
-                                                   "expires": time.time() + expires_in}))
+    (tmp_path / LEASE_FILE).write_text(
+        json.dumps({"owner": "o", "host": "elsewhere", "pid": 1, "expires": time.time() + expires_in})
+    )
     lease = Lease(str(tmp_path))
     if refused:
         with pytest.raises(SpecError, match="is running \\(elsewhere, pid 1"):
@@ -71,8 +77,10 @@ def test_another_machines_lease_counts_until_it_expires(tmp_path, expires_in, re
 
 
 def test_two_commands_started_together_one_holds(tmp_path):
-    procs = [subprocess.Popen([sys.executable, "-c", TRY, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", TRY, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert outcomes == ["held", "refused"]
 
@@ -99,8 +107,9 @@ def test_an_existing_run_is_refused_without_resume_in_a_folder_and_under_a_uri(t
     from orchestrator.train import check_fresh
 
     storage = f"file://{tmp_path}" if as_uri else str(tmp_path)
-    cfg = load_trial_spec("search_spaces/ead.yaml", [f"storage={storage}",
-                                                      f"logging.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+    cfg = load_trial_spec(
+        "search_spaces/ead.yaml", [f"storage={storage}", f"logging.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]
+    )
     check_fresh(cfg, resume=False)  # nothing there yet
     (tmp_path / cfg.name).mkdir()
     with pytest.raises(SpecError, match="already exists"):

@@ -42,8 +42,9 @@ def test_chunks_equal_the_full_pass_with_gradients(case, chunk, tempered):
     assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all()  # unwanted positions are never computed
     weights = torch.randn(B, T)
     grads = torch.autograd.grad(((logp + 0.3 * entropy) * weights).sum(), (hidden, head.weight))
-    ref = torch.autograd.grad((torch.where(mask, ref_logp + 0.3 * ref_entropy, 0) * weights).sum(),
-                              (hidden, head.weight))
+    ref = torch.autograd.grad(
+        (torch.where(mask, ref_logp + 0.3 * ref_entropy, 0) * weights).sum(), (hidden, head.weight)
+    )
     for got, want in zip(grads, ref):
         torch.testing.assert_close(got, want)
 

@@ -117,8 +117,12 @@ def test_tis_weights_capped_and_detached():
 def test_sequence_tis_is_the_ratio_of_the_whole_response():
     """EAD's formula: w_i = min(prod_t pi_old / pi_beh, C) over the response, the same on every token."""
     logp_old = torch.zeros(2, 4)
-    logp_beh = torch.tensor([[-0.1, -0.2, 0.1, -9.0],  # log-ratio 0.1 + 0.2 - 0.1 = 0.2 (column 3 masked)
-                             [-0.5, -0.5, -0.5, -0.5]])  # 2.0 -> capped at 3
+    logp_beh = torch.tensor(
+        [
+            [-0.1, -0.2, 0.1, -9.0],  # log-ratio 0.1 + 0.2 - 0.1 = 0.2 (column 3 masked)
+            [-0.5, -0.5, -0.5, -0.5],
+        ]
+    )  # 2.0 -> capped at 3
     mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
     w = tis_weights(logp_old, logp_beh, 3.0, mask=mask, level="sequence")
     torch.testing.assert_close(w[0], torch.full((4,), math.exp(0.2)))
@@ -133,17 +137,20 @@ def test_dual_clip_bounds_negative_advantage_losses():
     """verl's dual-clip: with A < 0 and r > c the loss is -A c and the token takes no gradient; A > 0 and
     ratios under c are untouched."""
     logp, logp_old = _logp_at([0.5, 2.0, 5.0])
-    loss, clipped = ppo_token_loss(logp, logp_old, torch.tensor([-1.0], dtype=torch.float64),
-                                   clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    loss, clipped = ppo_token_loss(
+        logp, logp_old, torch.tensor([-1.0], dtype=torch.float64), clip_low=0.2, clip_high=0.28, dual_clip=3.0
+    )
     assert loss.detach()[0].tolist() == pytest.approx([0.8, 2.0, 3.0])  # max(-A r, -A clip(r)), then min(., 3)
     assert clipped.tolist() == [[True, False, True]]
     loss.sum().backward()
     assert logp.grad[0, 2] == 0 and logp.grad[0, 1] != 0
-    plain, _ = ppo_token_loss(logp.detach(), logp_old, torch.tensor([-1.0], dtype=torch.float64),
-                              clip_low=0.2, clip_high=0.28)
+    plain, _ = ppo_token_loss(
+        logp.detach(), logp_old, torch.tensor([-1.0], dtype=torch.float64), clip_low=0.2, clip_high=0.28
+    )
     assert plain[0].tolist() == pytest.approx([0.8, 2.0, 5.0])
-    positive, _ = ppo_token_loss(logp.detach(), logp_old, torch.tensor([1.0], dtype=torch.float64),
-                                 clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    positive, _ = ppo_token_loss(
+        logp.detach(), logp_old, torch.tensor([1.0], dtype=torch.float64), clip_low=0.2, clip_high=0.28, dual_clip=3.0
+    )
     assert positive[0].tolist() == pytest.approx([-0.5, -1.28, -1.28])
 
 
@@ -245,9 +252,7 @@ def test_micro_batch_invariance(mode, split):
     total, start = torch.zeros((), dtype=torch.float64), 0
     for size in SPLITS[split]:
         rows = slice(start, start + size)
-        part = _micro_loss(
-            mode, x[rows], tokens[rows], mask[rows], w_acc, w_old, adv[rows], num_tokens, num_seqs
-        )
+        part = _micro_loss(mode, x[rows], tokens[rows], mask[rows], w_acc, w_old, adv[rows], num_tokens, num_seqs)
         part.backward()
         total, start = total + part.detach(), start + size
 
@@ -303,13 +308,26 @@ def _objective_inputs():
     logp = (torch.rand(3, 4, generator=gen, dtype=torch.float64).log() - 0.1).requires_grad_()
     logp_old = logp.detach() + 0.2 * torch.randn(3, 4, generator=gen, dtype=torch.float64)
     mask = torch.tensor([[True, True, False, False], [True, True, True, True], [True, False, False, False]])
-    return {"logp": logp, "logp_old": logp_old, "advantages": torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64),
-            "tis": torch.tensor([[1.0, 2.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64),
-            "teacher": torch.tensor([False, False, True]), "mask": mask}
+    return {
+        "logp": logp,
+        "logp_old": logp_old,
+        "advantages": torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64),
+        "tis": torch.tensor([[1.0, 2.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64),
+        "teacher": torch.tensor([False, False, True]),
+        "mask": mask,
+    }
 
 
-COEFFS = dict(clip_low=0.2, clip_high=0.28, dual_clip=None, shaping_gamma=0.1, loss_agg="token-mean",
-              num_tokens=7, num_seqs=3, norm_len=4)
+COEFFS = dict(
+    clip_low=0.2,
+    clip_high=0.28,
+    dual_clip=None,
+    shaping_gamma=0.1,
+    loss_agg="token-mean",
+    num_tokens=7,
+    num_seqs=3,
+    norm_len=4,
+)
 
 
 def test_objective_is_its_terms():
@@ -321,9 +339,11 @@ def test_objective_is_its_terms():
     pg, clipped = ppo_token_loss(x["logp"], x["logp_old"], x["advantages"], clip_low=0.2, clip_high=0.28)
     pg = torch.where(x["teacher"][:, None], policy_shaping_loss(x["logp"], x["advantages"], gamma=0.1), pg * x["tis"])
     norm = {"num_tokens": 7, "num_seqs": 3, "norm_len": 4}
-    expected = (aggregate_loss("token-mean", pg, x["mask"], **norm)
-                - 0.01 * aggregate_loss("token-mean", entropy, x["mask"], **norm)
-                + 0.05 * aggregate_loss("token-mean", kl_k3(x["logp"], logp_ref), x["mask"], **norm))
+    expected = (
+        aggregate_loss("token-mean", pg, x["mask"], **norm)
+        - 0.01 * aggregate_loss("token-mean", entropy, x["mask"], **norm)
+        + 0.05 * aggregate_loss("token-mean", kl_k3(x["logp"], logp_ref), x["mask"], **norm)
+    )
     torch.testing.assert_close(loss, expected)
     assert stats["offpolicy"].item() == 1.0  # the teacher row has one response token
     assert stats["clipped"].item() == float((clipped & ~x["teacher"][:, None] & x["mask"]).sum())
@@ -339,14 +359,34 @@ def test_objective_hand_worked():
     logp_old = torch.log(torch.tensor([[0.2, 0.5]], dtype=torch.float64))
     logp = torch.log(torch.tensor([[0.3, 0.45]], dtype=torch.float64))
     kw = {**COEFFS, "num_tokens": 2, "num_seqs": 1, "entropy_coef": 0.0, "kl_coef": 0.0}
-    loss, stats = policy_objective(logp, logp_old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
-                                   torch.tensor([False]), torch.ones(1, 2, dtype=torch.bool), **kw)
+    loss, stats = policy_objective(
+        logp,
+        logp_old,
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 2),
+        torch.tensor([False]),
+        torch.ones(1, 2, dtype=torch.bool),
+        **kw,
+    )
     assert loss.item() == pytest.approx((-1.28 - 0.9) / 2)
     assert stats["clipped"].item() == 1.0 and stats["kl"].item() == 0.0
-    teacher, _ = policy_objective(torch.log(torch.tensor([[0.1]], dtype=torch.float64)), torch.zeros(1, 1),
-                                  torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), torch.tensor([True]),
-                                  torch.ones(1, 1, dtype=torch.bool), **{**kw, "num_tokens": 1})
+    teacher, _ = policy_objective(
+        torch.log(torch.tensor([[0.1]], dtype=torch.float64)),
+        torch.zeros(1, 1),
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 1),
+        torch.tensor([True]),
+        torch.ones(1, 1, dtype=torch.bool),
+        **{**kw, "num_tokens": 1},
+    )
     assert teacher.item() == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="entropy_coef > 0 needs the entropy"):
-        policy_objective(logp, logp_old, torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([False]),
-                         torch.ones(1, 2, dtype=torch.bool), **{**kw, "entropy_coef": 0.1})
+        policy_objective(
+            logp,
+            logp_old,
+            torch.tensor([1.0]),
+            torch.ones(1, 2),
+            torch.tensor([False]),
+            torch.ones(1, 2, dtype=torch.bool),
+            **{**kw, "entropy_coef": 0.1},
+        )

@@ -54,15 +54,25 @@ def updates(config, rows, length, chunk, checkpointing):
 # scratch, lazily loaded modules) is then in the baseline, as a GPU's CUDA context is in the reserve.
 updates(AutoConfig.for_model(**spec["warmup"]), 1, 16, 16, spec["checkpointing"])
 base = peak()
-params = updates(AutoConfig.for_model(**spec["config"]), spec["rows"], spec["length"], spec["chunk"], spec["checkpointing"])
+config = AutoConfig.for_model(**spec["config"])
+params = updates(config, spec["rows"], spec["length"], spec["chunk"], spec["checkpointing"])
 print(json.dumps({"peak": peak() - base, "params": params}))
 """
 
 
 def qwen2(hidden, layers, intermediate, heads, kv_heads, vocab, tied=True) -> dict:
-    return {"model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": intermediate,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
-            "tie_word_embeddings": tied, "max_position_embeddings": 4096, "attn_implementation": "sdpa"}
+    return {
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": intermediate,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        "max_position_embeddings": 4096,
+        "attn_implementation": "sdpa",
+    }
 
 
 # glibc keeps freed heap memory (and raises its mmap threshold as it goes), so the high-water mark would
@@ -74,27 +84,49 @@ WARMUP_MODEL = qwen2(32, 1, 64, 2, 1, 128)
 
 def measure(config: dict, rows: int, length: int, chunk: int, checkpointing: bool) -> dict:
     """Peak RSS over two fp32 AdamW updates in a fresh process, less its peak before the model existed."""
-    spec = {"config": config, "rows": rows, "length": length, "chunk": chunk, "checkpointing": checkpointing,
-            "warmup": WARMUP_MODEL}
-    out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(spec)], capture_output=True, text=True, check=True,
-                         env={**os.environ, **MALLOC_ENV})
+    spec = {
+        "config": config,
+        "rows": rows,
+        "length": length,
+        "chunk": chunk,
+        "checkpointing": checkpointing,
+        "warmup": WARMUP_MODEL,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **MALLOC_ENV},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(("config", "rows", "length", "chunk", "checkpointing"), [
-    (qwen2(256, 4, 1024, 4, 2, 32000), 4, 512, 256, False),
-    (qwen2(256, 4, 1024, 4, 2, 32000), 4, 512, 256, True),
-    (qwen2(256, 4, 1024, 4, 2, 32000), 2, 512, 64, False),
-    (qwen2(512, 2, 1536, 8, 2, 8000, tied=False), 2, 1024, 512, False),
-])
+@pytest.mark.parametrize(
+    ("config", "rows", "length", "chunk", "checkpointing"),
+    [
+        (qwen2(256, 4, 1024, 4, 2, 32000), 4, 512, 256, False),
+        (qwen2(256, 4, 1024, 4, 2, 32000), 4, 512, 256, True),
+        (qwen2(256, 4, 1024, 4, 2, 32000), 2, 512, 64, False),
+        (qwen2(512, 2, 1536, 8, 2, 8000, tied=False), 2, 1024, 512, False),
+    ],
+)
 def test_learner_estimate_is_within_a_quarter_of_a_real_update(config, rows, length, chunk, checkpointing):
     """fp32, one rank, no ZeRO: weights, gradients, AdamW's states, activations and one logits chunk."""
     shape = ModelShape.from_config(config)
     measured = measure(config, rows, length, chunk, checkpointing)
     assert measured["params"] == shape.params
     peak = measured["peak"]
-    estimate = learner_memory(shape, dtype_bytes=4, zero_stage=0, world=1, tokens=rows * length,
-                              gradient_checkpointing=checkpointing, chunk_tokens=chunk, gpu=False).total
+    estimate = learner_memory(
+        shape,
+        dtype_bytes=4,
+        zero_stage=0,
+        world=1,
+        tokens=rows * length,
+        gradient_checkpointing=checkpointing,
+        chunk_tokens=chunk,
+        gpu=False,
+    ).total
     assert abs(estimate - peak) <= 0.25 * peak, f"estimate {estimate / 2**20:.0f} MiB, measured {peak / 2**20:.0f} MiB"
 
 
@@ -102,9 +134,20 @@ def test_parameter_counts_are_exact():
     """Qwen2 (biases on q, k, v; tied or not) and Llama (no biases) shapes count every parameter."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    for config in (qwen2(64, 2, 160, 4, 2, 300), qwen2(64, 3, 96, 8, 4, 120, tied=False),
-                   {"model_type": "llama", "hidden_size": 48, "num_hidden_layers": 2, "intermediate_size": 128,
-                    "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 200, "tie_word_embeddings": True}):
+    for config in (
+        qwen2(64, 2, 160, 4, 2, 300),
+        qwen2(64, 3, 96, 8, 4, 120, tied=False),
+        {
+            "model_type": "llama",
+            "hidden_size": 48,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 2,
+            "vocab_size": 200,
+            "tie_word_embeddings": True,
+        },
+    ):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
         assert ModelShape.from_config(config).params == sum(p.numel() for p in model.parameters()), config
     assert 1.5e9 < KNOWN_SHAPES["Qwen2.5-Math-1.5B"].params < 1.6e9  # 1.54 B as published
@@ -122,7 +165,9 @@ def test_zero_stages_shard_what_deepspeed_shards():
     assert by_stage[2].gradients == p / 2 and by_stage[2].weights == 2 * p
     assert by_stage[3].weights == p / 2
     assert by_stage[2].step == 8 * p / 4 and by_stage[3].step == 8 * 10**9  # the partition; a ZeRO-3 sub-group
-    eng = engine_memory(shape, dtype_bytes=2, tensor_parallel=2, gpu_gb=80, utilization=0.85, max_len=9216, sequences=64)
+    eng = engine_memory(
+        shape, dtype_bytes=2, tensor_parallel=2, gpu_gb=80, utilization=0.85, max_len=9216, sequences=64
+    )
     assert eng.kv_per_sequence == 2 * 28 * 512 * 2 * 9216 / 2  # K = 4 heads x 128
     assert eng.concurrent == int((0.85 * 81_559 * 2**20 * 0.95 - p) // eng.kv_per_sequence)
 
@@ -159,8 +204,13 @@ print(json.dumps((peak() - base) / (512 * 32000)))
 def test_a_logits_chunk_costs_what_the_estimate_says(dtype, entropy):
     """Bytes per position x vocabulary entry of one chunk through `token_logprobs`, forward and backward, in a
     fresh process: 32 with the entropy in the graph, 16 with it as a value, 12 without, in either dtype."""
-    out = subprocess.run([sys.executable, "-c", CHUNK, dtype, entropy], capture_output=True, text=True, check=True,
-                         env={**os.environ, **MALLOC_ENV})
+    out = subprocess.run(
+        [sys.executable, "-c", CHUNK, dtype, entropy],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **MALLOC_ENV},
+    )
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert abs(measured - CHUNK_BYTES[entropy]) <= 0.1 * CHUNK_BYTES[entropy], measured
 
@@ -182,10 +232,30 @@ def test_a_logits_chunk_costs_what_the_estimate_says(dtype, entropy):
 #   reserve 1.5 + (5e8 + 1e9) x 2 = 4.29.
 #   Peak: 3.55 + 3.55 + 21.28 + 10.20 (backward) + 4.29 = 42.86.
 HAND = {
-    "grpo_qwen2.5_math_1.5b": dict(weights=2.88, gradients=0.72, optimizer=4.31, step=2.88, logits=5.51,
-                                   activations=6.98, push=2.00, reserve=2.43, total=17.32, peak_phase="backward"),
-    "grpo_qwen2.5_math_7b": dict(weights=3.55, gradients=3.55, optimizer=21.28, step=7.45, logits=6.67,
-                                 activations=10.20, push=3.05, reserve=4.29, total=42.86, peak_phase="backward"),
+    "grpo_qwen2.5_math_1.5b": dict(
+        weights=2.88,
+        gradients=0.72,
+        optimizer=4.31,
+        step=2.88,
+        logits=5.51,
+        activations=6.98,
+        push=2.00,
+        reserve=2.43,
+        total=17.32,
+        peak_phase="backward",
+    ),
+    "grpo_qwen2.5_math_7b": dict(
+        weights=3.55,
+        gradients=3.55,
+        optimizer=21.28,
+        step=7.45,
+        logits=6.67,
+        activations=10.20,
+        push=3.05,
+        reserve=4.29,
+        total=42.86,
+        peak_phase="backward",
+    ),
 }
 PAPER = Path(__file__).resolve().parent.parent / "search_spaces" / "paper"
 
@@ -216,33 +286,44 @@ def test_a_spec_that_does_not_fit_is_told_a_fix_that_reaches():
     report = memory_report(cfg)
     assert "WILL NOT FIT" in report and "max_tokens_per_micro_batch" not in report
     (world,) = [int(w) for w in re.findall(r"learner\.num_workers: (\d+)", report)]
-    fixed = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over + [f"learner.num_workers={world}"],
-                            check_files=False)
+    fixed = load_trial_spec(
+        PAPER / "grpo_qwen2.5_math_7b.yaml", over + [f"learner.num_workers={world}"], check_files=False
+    )
     assert "learner: fits" in memory_report(fixed)
     tight = ["learner.max_tokens_per_micro_batch=200000", "learner.gpu_memory_gb=24"]
     cfg = load_trial_spec(PAPER / "grpo_qwen2.5_math_1.5b.yaml", tight + ["learner.num_workers=8"], check_files=False)
     report = memory_report(cfg)
     budget = int(re.search(r"max_tokens_per_micro_batch: (\d+)", report).group(1))
     assert budget >= 1024 + 8192
-    fixed = load_trial_spec(PAPER / "grpo_qwen2.5_math_1.5b.yaml",
-                            tight + ["learner.num_workers=8", f"learner.max_tokens_per_micro_batch={budget}"],
-                            check_files=False)
+    fixed = load_trial_spec(
+        PAPER / "grpo_qwen2.5_math_1.5b.yaml",
+        tight + ["learner.num_workers=8", f"learner.max_tokens_per_micro_batch={budget}"],
+        check_files=False,
+    )
     assert "learner: fits" in memory_report(fixed)
-    wide = load_trial_spec(PAPER / "grpo_qwen2.5_math_1.5b.yaml", ["learner.logits_chunk_tokens=16384",
-                                                                  "learner.gpu_memory_gb=40"], check_files=False)
+    wide = load_trial_spec(
+        PAPER / "grpo_qwen2.5_math_1.5b.yaml",
+        ["learner.logits_chunk_tokens=16384", "learner.gpu_memory_gb=40"],
+        check_files=False,
+    )
     assert "WILL NOT FIT. learner.logits_chunk_tokens: 2048 brings it to" in memory_report(wide)
 
 
 def test_a_colocated_engine_and_learner_are_summed_on_their_card():
     """Each alone fits a 141 GB card; the engine at 0.85 of it beside the learner's states does not, and the
     utilization that leaves the learner its room is named."""
-    over = ["rollout.colocate=true", "rollout.num_gpus=0.5", "rollout.tensor_parallel_size=1",
-            "rollout.weight_transfer=ipc"]
+    over = [
+        "rollout.colocate=true",
+        "rollout.num_gpus=0.5",
+        "rollout.tensor_parallel_size=1",
+        "rollout.weight_transfer=ipc",
+    ]
     cfg = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over, check_files=False)
     report = memory_report(cfg)
     assert "learner: fits" in report and "rollout engine: fits" in report
     assert "colocated: WILL NOT FIT. rollout.gpu_memory_utilization <= 0." in report
     room = float(re.search(r"gpu_memory_utilization <= (0\.\d+)", report).group(1))
-    fixed = load_trial_spec(PAPER / "grpo_qwen2.5_math_7b.yaml", over + [f"rollout.gpu_memory_utilization={room}"],
-                            check_files=False)
+    fixed = load_trial_spec(
+        PAPER / "grpo_qwen2.5_math_7b.yaml", over + [f"rollout.gpu_memory_utilization={room}"], check_files=False
+    )
     assert "colocated: fits" in memory_report(fixed)

@@ -35,15 +35,47 @@ def test_placeholders_stand_for_their_values_only():
 
 
 def test_what_a_step_computes_is_documented():
-    sums = dict.fromkeys(["seqs", "groups", "reward", "length", "stop", "zero_std", "tis_sum", "tis_capped",
-                          "tokens", "entropy_sum", "clipped_sum", "kl_sum", "offpolicy_sum", "pad_sum",
-                          "padded_sum", *(f"verify_{k}" for k in REASONS)], 1.0)
+    sums = dict.fromkeys(
+        [
+            "seqs",
+            "groups",
+            "reward",
+            "length",
+            "stop",
+            "zero_std",
+            "tis_sum",
+            "tis_capped",
+            "tokens",
+            "entropy_sum",
+            "clipped_sum",
+            "kl_sum",
+            "offpolicy_sum",
+            "pad_sum",
+            "padded_sum",
+            *(f"verify_{k}" for k in REASONS),
+        ],
+        1.0,
+    )
     timings = dict.fromkeys(["generate", "score", "old_logprob", "offline", "update", "sync", "step"], 0.5)
-    metrics = step_metrics(sums, 1.0, {"grad_norm": 1.0, "lr": 1e-6}, timings, step=0, optimizer_step=1,
-                           service_losses=0)
-    offline = dict.fromkeys(["replaced", "offline_correct", "no_offline_groups", "advantage_sum", "online_correct",
-                             "online", "oger_scored", "encoder_seconds", "oger_divergence", "oger_entropy",
-                             "oger_exploration"], 1.0)
+    metrics = step_metrics(
+        sums, 1.0, {"grad_norm": 1.0, "lr": 1e-6}, timings, step=0, optimizer_step=1, service_losses=0
+    )
+    offline = dict.fromkeys(
+        [
+            "replaced",
+            "offline_correct",
+            "no_offline_groups",
+            "advantage_sum",
+            "online_correct",
+            "online",
+            "oger_scored",
+            "encoder_seconds",
+            "oger_divergence",
+            "oger_entropy",
+            "oger_exploration",
+        ],
+        1.0,
+    )
     metrics |= offline_metrics(offline, 0.5, embeddings=True)
     assert len(metrics) > 40 and undocumented(metrics) == []
 
@@ -59,8 +91,9 @@ def test_the_metrics_page_table_is_generated_from_the_code():
     text = PAGE.read_text()
     table = re.search(r"<!-- metrics: python -m trainables.metrics -->\n(.*?)<!-- /metrics -->", text, re.S)
     assert table is not None, "docs/metrics.md lost its <!-- metrics: python -m trainables.metrics --> block"
-    assert table.group(1) == markdown(), ("docs/metrics.md's table is stale: replace the block with the output of "
-                                          "`python -m trainables.metrics`")
+    assert table.group(1) == markdown(), (
+        "docs/metrics.md's table is stale: replace the block with the output of `python -m trainables.metrics`"
+    )
 
 
 def test_the_validation_curve_draws_a_standard_error_as_its_metrics_band(monkeypatch):
@@ -73,10 +106,15 @@ def test_the_validation_curve_draws_a_standard_error_as_its_metrics_band(monkeyp
     lines, bands = [], []
     plot, fill = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.fill_between
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: lines.append(k["label"]) or plot(ax, *a, **k))
-    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
-                        lambda ax, x, low, high, **k: bands.append((list(low), list(high))) or fill(ax, x, low, high, **k))
-    history = [(0, {"val/accuracy": 0.2, "val/accuracy_se": 0.01, "val/response_length": 20.0}),
-               (10, {"val/accuracy": 0.4, "val/accuracy_se": 0.02, "val/response_length": 18.0})]
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "fill_between",
+        lambda ax, x, low, high, **k: bands.append((list(low), list(high))) or fill(ax, x, low, high, **k),
+    )
+    history = [
+        (0, {"val/accuracy": 0.2, "val/accuracy_se": 0.01, "val/response_length": 20.0}),
+        (10, {"val/accuracy": 0.4, "val/accuracy_se": 0.02, "val/response_length": 18.0}),
+    ]
     csv, png = validation_curve(history, "trial")
     assert lines == ["accuracy", "response_length"]
     assert bands == [(pytest.approx([0.2 - 0.0196, 0.4 - 0.0392]), pytest.approx([0.2 + 0.0196, 0.4 + 0.0392]))]

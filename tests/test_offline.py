@@ -33,23 +33,30 @@ def table_by_teacher(store) -> dict[str, dict]:
 
 
 # -- normalisation ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("raw, expected", [
-    ("<think>\nx</think>\\boxed{1}", "<think>x</think>\\boxed{1}"),  # LUFFY's spelling: drop the newline
-    ("x</think>\\boxed{1}", "<think>x</think>\\boxed{1}"),  # stripped "<think>\n": put "<think>" back
-    ("<think>x</think>\\boxed{1}", "<think>x</think>\\boxed{1}"),  # already ours
-    ("<think>\n\nx</think>", "<think>\nx</think>"),  # only the one newline LUFFY's strip took
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("<think>\nx</think>\\boxed{1}", "<think>x</think>\\boxed{1}"),  # LUFFY's spelling: drop the newline
+        ("x</think>\\boxed{1}", "<think>x</think>\\boxed{1}"),  # stripped "<think>\n": put "<think>" back
+        ("<think>x</think>\\boxed{1}", "<think>x</think>\\boxed{1}"),  # already ours
+        ("<think>\n\nx</think>", "<think>\nx</think>"),  # only the one newline LUFFY's strip took
+    ],
+)
 def test_normalise_target(raw, expected):
     assert normalise_target(raw) == expected
 
 
 def test_store_normalises_before_verifying():
     # Without "<think>" the verifier says no_think: the store must normalise first, then score.
-    rows = [{"question": "1+2", "answer": "3", "teacher": "t", "solution": "<think>\nOne plus two.</think>\\boxed{3}"},
-            {"question": "1+2", "answer": "3", "teacher": "t", "solution": "Three.</think>\\boxed{3}"}]
+    rows = [
+        {"question": "1+2", "answer": "3", "teacher": "t", "solution": "<think>\nOne plus two.</think>\\boxed{3}"},
+        {"question": "1+2", "answer": "3", "teacher": "t", "solution": "Three.</think>\\boxed{3}"},
+    ]
     store = build_store(rows, count_tokens=words, max_tokens=100)
-    assert [t.text for t in store.for_prompt("1+2")] == ["<think>One plus two.</think>\\boxed{3}",
-                                                         "<think>Three.</think>\\boxed{3}"]
+    assert [t.text for t in store.for_prompt("1+2")] == [
+        "<think>One plus two.</think>\\boxed{3}",
+        "<think>Three.</think>\\boxed{3}",
+    ]
     assert store.skipped == Counter()
 
 
@@ -79,8 +86,11 @@ def test_builtin_store_keeps_exactly_the_correct_short_rows(builtin_case):
     assert store.skipped == Counter({"incorrect": kinds["wrong"], "overlong": kinds["overlong"]})
     assert len(store) == kinds["correct"]
     for question in {r["question"] for r in reference}:
-        expected = [OfflineTrajectory(r["teacher"], r["solution"], words(r["solution"]))
-                    for r in reference if r["question"] == question and r["kind"] == "correct"]
+        expected = [
+            OfflineTrajectory(r["teacher"], r["solution"], words(r["solution"]))
+            for r in reference
+            if r["question"] == question and r["kind"] == "correct"
+        ]
         assert store.for_prompt(question) == expected
     assert store.prompts == {r["question"] for r in reference if r["kind"] == "correct"}
     # The verifier saw every row, over-long ones included (they are correct).
@@ -105,7 +115,8 @@ def test_builtin_teacher_table(builtin_case):
     assert metrics["offline/terse/valid"] == table["terse"]["valid"]
     assert metrics["offline/verbose/mean_tokens"] == pytest.approx(table["verbose"]["mean_tokens_valid"])
     assert metrics["offline/stepwise/accuracy_before_filter"] == pytest.approx(
-        table["stepwise"]["accuracy_before_filter"])
+        table["stepwise"]["accuracy_before_filter"]
+    )
     assert metrics["offline/skipped/overlong"] == store.skipped["overlong"]
     text = store.format_table()
     assert all(name in text for name in ("terse", "stepwise", "verbose", "accuracy before filter", "overlong="))
@@ -114,8 +125,12 @@ def test_builtin_teacher_table(builtin_case):
 # -- LUFFY-layout files -------------------------------------------------------------------------------
 def chat(user: str) -> list[dict]:
     """A chat prompt with a system turn and an earlier user turn: the last user turn is the question."""
-    return [{"role": "system", "content": "Think, then box."}, {"role": "user", "content": "an earlier turn"},
-            {"role": "assistant", "content": "ok"}, {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": "Think, then box."},
+        {"role": "user", "content": "an earlier turn"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": user},
+    ]
 
 
 def message(text: str) -> dict:
@@ -131,8 +146,10 @@ LONG = "<think>" + "and again " * 30 + "</think>\\boxed{9}"
 # (normalised text, teacher) of every trajectory the fixture should keep, per question.
 KEPT = {
     "What is 2+3?": [("<think>Two plus three is five.</think> \\boxed{5}", "r1")],
-    "What is 4+4?": [("<think>Four and four.</think> So \\boxed{8}", "qwen"),
-                     ("<think>Eight, since 4*2=8.</think> The answer is \\boxed{8}.", "qwen")],
+    "What is 4+4?": [
+        ("<think>Four and four.</think> So \\boxed{8}", "qwen"),
+        ("<think>Eight, since 4*2=8.</think> The answer is \\boxed{8}.", "qwen"),
+    ],
     "What is 1+1?": [("<think>One and one.</think> \\boxed{2}", "offline")],
     "What is 3*2?": [("<think>Three twice.</think> \\boxed{6}", "r1")],
 }
@@ -142,8 +159,15 @@ WRONG = "<think>Seven threes are twenty.</think> \\boxed{20}"
 def jsonl_records() -> list:
     return [
         luffy(chat("What is 2+3?"), [message("<think>\nTwo plus three is five.</think> \\boxed{5}")], "5", "r1"),
-        luffy("  What is 4+4? ", ["Four and four.</think> So \\boxed{8}",  # two targets in one row
-                                  "<think>\nEight, since 4*2=8.</think> The answer is \\boxed{8}."], "8", "qwen"),
+        luffy(
+            "  What is 4+4? ",
+            [
+                "Four and four.</think> So \\boxed{8}",  # two targets in one row
+                "<think>\nEight, since 4*2=8.</think> The answer is \\boxed{8}.",
+            ],
+            "8",
+            "qwen",
+        ),
         {"target": [message("<think>x</think>\\boxed{1}")], "reward_model": {"ground_truth": "1"}},  # no prompt
         luffy("What is 5+5?", 42, "10", "r1"),  # target of the wrong type
         luffy("What is 6+6?", "<think>12</think>\\boxed{12}", "", "r1"),  # empty ground truth
@@ -193,8 +217,16 @@ def check_table(store):
 def test_jsonl_luffy_layout(tmp_path):
     path = write_jsonl(tmp_path / "teachers.jsonl", jsonl_records(), extra_lines=["{not json", "[1, 2]"])
     rows, skipped = read_rows(path)
-    assert skipped == Counter({"missing:prompt": 1, "type:target": 1, "empty:ground_truth": 1, "missing:target": 1,
-                               "invalid:json": 1, "type:row": 1})
+    assert skipped == Counter(
+        {
+            "missing:prompt": 1,
+            "type:target": 1,
+            "empty:ground_truth": 1,
+            "missing:target": 1,
+            "invalid:json": 1,
+            "type:row": 1,
+        }
+    )
     assert len(rows) == 7  # 1 + 2 + wrong + long + 1 + 1 good of the last row
     store = build_store(rows, count_tokens=words, max_tokens=20, skipped=skipped)
     assert store.skipped == skipped + Counter({"incorrect": 1, "overlong": 1})
@@ -207,9 +239,15 @@ def parquet_records() -> list:
     """LUFFY's typed schema (chat-list prompt, list<struct> target): the bad rows Parquet can hold."""
     return [
         luffy(chat("What is 2+3?"), [message("<think>\nTwo plus three is five.</think> \\boxed{5}")], "5", "r1"),
-        luffy(chat("What is 4+4?"), [message("Four and four.</think> So \\boxed{8}"),
-                                     message("<think>\nEight, since 4*2=8.</think> The answer is \\boxed{8}.")],
-              "8", "qwen"),
+        luffy(
+            chat("What is 4+4?"),
+            [
+                message("Four and four.</think> So \\boxed{8}"),
+                message("<think>\nEight, since 4*2=8.</think> The answer is \\boxed{8}."),
+            ],
+            "8",
+            "qwen",
+        ),
         luffy(None, [message("<think>x</think>\\boxed{1}")], "1", "r1"),  # null prompt
         luffy(chat("What is 5+5?"), [], "10", "r1"),  # no target
         luffy(chat("What is 6+6?"), [message("<think>12</think>\\boxed{12}")], "", "r1"),  # empty ground truth
@@ -221,8 +259,9 @@ def parquet_records() -> list:
 
 
 def test_parquet_luffy_layout(tmp_path):
-    records = [{**r, "data_source": r.get("data_source"), "extra_info": {"index": i}}
-               for i, r in enumerate(parquet_records())]
+    records = [
+        {**r, "data_source": r.get("data_source"), "extra_info": {"index": i}} for i, r in enumerate(parquet_records())
+    ]
     path = tmp_path / "teachers.parquet"
     pq.write_table(pa.Table.from_pylist(records), path)
     rows, skipped = read_rows(path)
@@ -253,13 +292,16 @@ def test_every_format_gives_the_same_rows(tmp_path):
 
 
 def test_column_mapping_reads_another_layout(tmp_path):
-    records = [{"problem": "What is 2+3?", "solution": "<think>Five.</think> \\boxed{5}", "answer": "5",
-                "model": "glm"}, {"problem": "What is 2+2?", "solution": "<think>Four.</think> \\boxed{4}"}]
+    records = [
+        {"problem": "What is 2+3?", "solution": "<think>Five.</think> \\boxed{5}", "answer": "5", "model": "glm"},
+        {"problem": "What is 2+2?", "solution": "<think>Four.</think> \\boxed{4}"},
+    ]
     path = write_jsonl(tmp_path / "custom.json-lines", records)
     columns = {"prompt": "problem", "target": "solution", "ground_truth": "answer", "source": "model"}
     rows, skipped = read_rows(path, columns=columns)
-    assert rows == [{"question": "What is 2+3?", "answer": "5", "teacher": "glm",
-                     "solution": "<think>Five.</think> \\boxed{5}"}]
+    assert rows == [
+        {"question": "What is 2+3?", "answer": "5", "teacher": "glm", "solution": "<think>Five.</think> \\boxed{5}"}
+    ]
     assert skipped == Counter({"missing:ground_truth": 1})
     with pytest.raises(ValueError, match="unknown offline column names \\['answer'\\]"):
         read_rows(path, columns={"answer": "answer"})
@@ -277,8 +319,13 @@ def test_unknown_suffix_and_missing_file(tmp_path):
 
 def test_malformed_raw_rows_are_counted():
     good = {"question": "2+2", "answer": "4", "teacher": "t", "solution": "<think>4</think>\\boxed{4}"}
-    rows = [good, {"answer": "4", "teacher": "t", "solution": "x"}, {**good, "solution": 4},
-            {**good, "teacher": " "}, "not a row"]
+    rows = [
+        good,
+        {"answer": "4", "teacher": "t", "solution": "x"},
+        {**good, "solution": 4},
+        {**good, "teacher": " "},
+        "not a row",
+    ]
     store = build_store(rows, count_tokens=words, max_tokens=10)
     assert store.skipped == Counter({"missing:question": 1, "type:solution": 1, "empty:teacher": 1, "type:row": 1})
     assert len(store) == 1
@@ -286,9 +333,11 @@ def test_malformed_raw_rows_are_counted():
 
 @pytest.mark.parametrize("max_tokens, reason", [(100, "incorrect=2"), (1, "overlong=2")])
 def test_empty_store_raises_one_line(max_tokens, reason):
-    rows = [{"question": "2+2", "answer": "5", "teacher": "t", "solution": "<think>two and two</think> \\boxed{4}"},
-            {"question": "2+3", "answer": "6", "teacher": "t", "solution": "<think>two and three</think> \\boxed{5}"},
-            {"question": "2+3", "teacher": "t"}]
+    rows = [
+        {"question": "2+2", "answer": "5", "teacher": "t", "solution": "<think>two and two</think> \\boxed{4}"},
+        {"question": "2+3", "answer": "6", "teacher": "t", "solution": "<think>two and three</think> \\boxed{5}"},
+        {"question": "2+3", "teacher": "t"},
+    ]
     with pytest.raises(ValueError) as error:
         build_store(rows, count_tokens=words, max_tokens=max_tokens)
     text = str(error.value)
@@ -307,23 +356,34 @@ def test_offline_prompts_task_trains_on_the_teachers_questions(tmp_path):
     from trainables.tasks import train_problems
 
     path = write_jsonl(tmp_path / "teachers.jsonl", jsonl_records())
-    cfg = TrialConfig.model_validate({
-        "task": {"name": "offline_prompts", "train_size": 4},
-        "offline": {"teachers": [], "files": [{"path": str(path)}]},
-        "validation": {"benchmarks": {"aime24": str(tmp_path / "aime24.jsonl")}},
-    })
+    cfg = TrialConfig.model_validate(
+        {
+            "task": {"name": "offline_prompts", "train_size": 4},
+            "offline": {"teachers": [], "files": [{"path": str(path)}]},
+            "validation": {"benchmarks": {"aime24": str(tmp_path / "aime24.jsonl")}},
+        }
+    )
     problems = train_problems(cfg)
     # Distinct questions of well-formed records, in file order; each with its ground truth, capped.
     assert [(p.question, p.answer) for p in problems] == [
-        ("What is 2+3?", "5"), ("What is 4+4?", "8"), ("What is 7*3?", "21"), ("What is 4+5?", "9")]
+        ("What is 2+3?", "5"),
+        ("What is 4+4?", "8"),
+        ("What is 7*3?", "21"),
+        ("What is 4+5?", "9"),
+    ]
     assert len({p.uid for p in problems}) == 4
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("t.jsonl", b"", "is empty (0 bytes)"), ("t.parquet", b"", "is empty (0 bytes)"),
-    ("t.jsonl", b"\n\n", "yields no usable row"), ("t.jsonl", b'{"prompt": "\xff"}\n', "is not UTF-8 text"),
-    ("t.parquet", b"PAR1 not a parquet file", "is not readable as .parquet"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("t.jsonl", b"", "is empty (0 bytes)"),
+        ("t.parquet", b"", "is empty (0 bytes)"),
+        ("t.jsonl", b"\n\n", "yields no usable row"),
+        ("t.jsonl", b'{"prompt": "\xff"}\n', "is not UTF-8 text"),
+        ("t.parquet", b"PAR1 not a parquet file", "is not readable as .parquet"),
+    ],
+)
 def test_a_data_file_that_gives_nothing_is_refused_by_name(tmp_path, name, content, expected):
     """The Python reader says what the command line says: the file by name and its own problem, one line."""
     path = tmp_path / name
@@ -335,9 +395,11 @@ def test_a_data_file_that_gives_nothing_is_refused_by_name(tmp_path, name, conte
 
 
 def test_a_non_finite_ground_truth_is_skipped_and_counted(tmp_path):
-    rows = [{"prompt": "1+1", "target": "<think>2</think> \\boxed{2}", "reward_model": {"ground_truth": "2"}},
-            {"prompt": "0/0", "target": "<think>nan</think> \\boxed{nan}", "reward_model": {"ground_truth": "nan"}},
-            {"prompt": "1/0", "target": "<think>inf</think> \\boxed{inf}", "reward_model": {"ground_truth": "inf"}}]
+    rows = [
+        {"prompt": "1+1", "target": "<think>2</think> \\boxed{2}", "reward_model": {"ground_truth": "2"}},
+        {"prompt": "0/0", "target": "<think>nan</think> \\boxed{nan}", "reward_model": {"ground_truth": "nan"}},
+        {"prompt": "1/0", "target": "<think>inf</think> \\boxed{inf}", "reward_model": {"ground_truth": "inf"}},
+    ]
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     kept, skipped = read_rows(path)

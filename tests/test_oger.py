@@ -10,9 +10,13 @@ from trainables.rewards.oger import cosine_matrix, divergence, replacement_indic
 
 # Two offline trajectories along the axes; online ones at chosen angles (unnormalised on purpose).
 OFFLINE = torch.tensor([[2.0, 0.0], [0.0, 3.0]])
-ONLINE = torch.tensor([[5.0, 0.0],    # s = (1, 0)          sim 0.5         D 0.5
-                       [1.0, 1.0],    # s = (1/r2, 1/r2)    sim 1/r2        D 1 - 1/r2
-                       [-4.0, 0.0]])  # s = (-1, 0)         sim -0.5        D 1.5
+ONLINE = torch.tensor(
+    [
+        [5.0, 0.0],  # s = (1, 0)          sim 0.5         D 0.5
+        [1.0, 1.0],  # s = (1/r2, 1/r2)    sim 1/r2        D 1 - 1/r2
+        [-4.0, 0.0],
+    ]
+)  # s = (-1, 0)         sim -0.5        D 1.5
 ENTROPY = torch.tensor([0.0, math.log(2.0), 1.0])
 CORRECT = torch.tensor([1.0, 1.0, 0.0])
 
@@ -31,15 +35,19 @@ def test_divergence_by_hand():
     torch.testing.assert_close(d, torch.tensor([0.5, D1, 1.5]))
 
 
-@pytest.mark.parametrize("refine, exploration", [
-    (True, [0.5, D1 / 2, 0.0]),  # eq. 7: D * exp(-H) * R_m; exp(-log 2) = 1/2; a wrong answer gets 0
-    (False, [0.5, D1, 0.0]),  # without refinement the entropy is ignored
-])
+@pytest.mark.parametrize(
+    "refine, exploration",
+    [
+        (True, [0.5, D1 / 2, 0.0]),  # eq. 7: D * exp(-H) * R_m; exp(-log 2) = 1/2; a wrong answer gets 0
+        (False, [0.5, D1, 0.0]),  # without refinement the entropy is ignored
+    ],
+)
 def test_oger_rewards_by_hand(refine, exploration):
     """What the trial computes (`hybrid_rewards` of `group_divergence`) for one group of 3 and k = 1."""
     d = group_divergence(ONLINE, [OFFLINE], n=3)  # [1, 3]
-    rewards, replaced, r_oger = hybrid_rewards(CORRECT[None], ENTROPY[None], d, k=1, lowest_divergence=True,
-                                               exploration=True, refine=refine)
+    rewards, replaced, r_oger = hybrid_rewards(
+        CORRECT[None], ENTROPY[None], d, k=1, lowest_divergence=True, exploration=True, refine=refine
+    )
     torch.testing.assert_close(r_oger[0], torch.tensor(exploration))
     torch.testing.assert_close(rewards[0], CORRECT + torch.tensor(exploration))  # eq. 8
     assert replaced.tolist() == [[1]]  # the lowest D
@@ -47,8 +55,9 @@ def test_oger_rewards_by_hand(refine, exploration):
 
 def test_a_group_without_offline_trajectories_has_no_oger_reward():
     d = group_divergence(torch.cat([ONLINE, ONLINE]), [None, OFFLINE], n=3)
-    rewards, _, r_oger = hybrid_rewards(CORRECT.repeat(2, 1), ENTROPY.repeat(2, 1), d, k=1, lowest_divergence=True,
-                                        exploration=True, refine=True)
+    rewards, _, r_oger = hybrid_rewards(
+        CORRECT.repeat(2, 1), ENTROPY.repeat(2, 1), d, k=1, lowest_divergence=True, exploration=True, refine=True
+    )
     assert (d[0] == 0).all() and (r_oger[0] == 0).all() and torch.equal(rewards[0], CORRECT)
     assert (r_oger[1] > 0).sum() == 2
 

@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from trainables.config import TrialConfig, ValidationConfig
-from trainables.tasks import used_teachers
 from trainables.evaluation import macro_row
 from trainables.rollout.ead import ead_decay, ead_temperature
+from trainables.tasks import used_teachers
 
 LUFFY_RECIPE = {"use_std": False, "clip_low": None, "clip_high": None, "loss_agg": "seq-mean-token-sum-norm"}
 
@@ -23,7 +23,11 @@ def test_luffy_preset_is_luffys_recipe():
     assert cfg.loss_norm_len == 96
     grpo = TrialConfig()
     assert (grpo.algorithm.use_std, grpo.algorithm.clip_low, grpo.algorithm.clip_high, grpo.algorithm.loss_agg) == (
-        True, 0.2, 0.28, "token-mean")  # the other presets keep today's defaults
+        True,
+        0.2,
+        0.28,
+        "token-mean",
+    )  # the other presets keep today's defaults
     assert grpo.loss_norm_len == grpo.rollout.max_new_tokens == 64
 
 
@@ -42,8 +46,12 @@ def test_logprob_temperature_follows_the_schedule():
     assert fixed.logprob_temperature == "rollout"
     assert TrialConfig().logprob_temperature == 1.0  # EAD
     assert TrialConfig(algorithm={"logprob_temperature": "rollout"}).logprob_temperature == "rollout"
-    assert TrialConfig(rollout={"decoding": {"schedule": "fixed"}},
-                       algorithm={"logprob_temperature": 1.0}).logprob_temperature == 1.0
+    assert (
+        TrialConfig(
+            rollout={"decoding": {"schedule": "fixed"}}, algorithm={"logprob_temperature": 1.0}
+        ).logprob_temperature
+        == 1.0
+    )
     with pytest.raises(ValidationError):
         TrialConfig(algorithm={"logprob_temperature": 0.6})
     with pytest.raises(ValidationError, match="dual_clip"):
@@ -51,8 +59,10 @@ def test_logprob_temperature_follows_the_schedule():
 
 
 def test_teacher_filter_keeps_the_named_teachers():
-    rows = [{"question": "q", "answer": "1", "teacher": t, "solution": "<think>x</think>\\boxed{1}"}
-            for t in ("DeepSeek-R1", "Qwen3-32B", "DeepSeek-R1", "GLM-4.5-Air")]
+    rows = [
+        {"question": "q", "answer": "1", "teacher": t, "solution": "<think>x</think>\\boxed{1}"}
+        for t in ("DeepSeek-R1", "Qwen3-32B", "DeepSeek-R1", "GLM-4.5-Air")
+    ]
     kept, skipped = used_teachers(rows, ["DeepSeek-R1"], Counter({"overlong": 1}))
     assert [r["teacher"] for r in kept] == ["DeepSeek-R1", "DeepSeek-R1"]
     assert skipped == Counter({"overlong": 1, "teacher_unused": 2})
@@ -62,16 +72,21 @@ def test_teacher_filter_keeps_the_named_teachers():
 
 def test_validation_samples_per_benchmark():
     """OGER's evaluation: avg@32 on AIME and AMC, avg@1 elsewhere; macro over the metrics they share."""
-    v = ValidationConfig(benchmarks={"aime24": "a.jsonl", "math500": "m.jsonl"}, samples=1,
-                         samples_by_benchmark={"aime24": 32})
+    v = ValidationConfig(
+        benchmarks={"aime24": "a.jsonl", "math500": "m.jsonl"}, samples=1, samples_by_benchmark={"aime24": 32}
+    )
     assert (v.samples_of("aime24"), v.samples_of("math500")) == (32, 1)
     names = v.metric_names()
     assert {"val/aime24/avg_at_32", "val/aime24/maj_at_16", "val/math500/avg_at_1"} <= set(names)
     assert "val/math500/avg_at_32" not in names
     assert [n for n in names if n.startswith("val/macro/")] == [
-        "val/macro/pass_at_1", "val/macro/maj_at_1", "val/macro/response_length"]
+        "val/macro/pass_at_1",
+        "val/macro/maj_at_1",
+        "val/macro/response_length",
+    ]
     assert macro_row({"aime24": {"avg@32": 0.2, "pass@1": 0.2}, "math500": {"avg@1": 0.6, "pass@1": 0.6}}) == {
-        "pass@1": pytest.approx(0.4)}
+        "pass@1": pytest.approx(0.4)
+    }
     with pytest.raises(ValidationError, match="samples_by_benchmark"):
         ValidationConfig(samples_by_benchmark={"aime25": 32})
 

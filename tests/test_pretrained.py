@@ -34,11 +34,15 @@ def test_folder_is_smollm2_135m_with_its_chat_template(smollm2_path, saved):
     assert "<|im_start|>" in tokenizer.chat_template  # ChatML, as SmolLM2-Instruct was tuned on
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id == tokenizer.pad_token_id == im_end
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=16, do_sample=False)
-    assert tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 @pytest.mark.slow
@@ -71,18 +75,49 @@ def test_missing_package_names_the_install_command(monkeypatch):
 def test_evaluate_and_train_run_on_the_preset(ray_cluster, smollm2_path, tmp_path):
     # EAD at inference on a real LM, by preset name; the chat model answers in prose, read as last_number.
     out = tmp_path / "eval.json"
-    assert evaluate.main([SMOLLM2_PRESET, "--benchmarks", "arithmetic", "--limit", "4", "--samples", "2",
-                          "--ead", "1.2,0.1,25", "--max-new-tokens", "24", "--answer-format", "last_number",
-                          "--out", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
+    assert (
+        evaluate.main(
+            [
+                SMOLLM2_PRESET,
+                "--benchmarks",
+                "arithmetic",
+                "--limit",
+                "4",
+                "--samples",
+                "2",
+                "--ead",
+                "1.2,0.1,25",
+                "--max-new-tokens",
+                "24",
+                "--answer-format",
+                "last_number",
+                "--out",
+                str(out),
+                "--tracking-uri",
+                f"sqlite:///{tmp_path / 'mlflow.db'}",
+            ]
+        )
+        == 0
+    )
     record = json.loads(out.read_text())
     assert record["model"] == str(smollm2_path)
     (row,) = record["problems"]["ead-1.2-0.1-25"]["arithmetic"][:1]
     assert len(row["responses"]) == 2 and all(text.strip() for text in row["responses"])
 
     # A short trial: DeepSpeed over the 135M model (tied embeddings), weight syncs, the export at the end.
-    cfg = load_trial_spec("search_spaces/ead.yaml", [
-        f"storage={tmp_path}", "model.preset=smollm2-135m-instruct", "learner.steps=2", "learner.prompts_per_step=2",
-        "rollout.group_size=2", "rollout.max_new_tokens=16", "learner.num_workers=1", "validation.every=0"])
+    cfg = load_trial_spec(
+        "search_spaces/ead.yaml",
+        [
+            f"storage={tmp_path}",
+            "model.preset=smollm2-135m-instruct",
+            "learner.steps=2",
+            "learner.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=16",
+            "learner.num_workers=1",
+            "validation.every=0",
+        ],
+    )
     final = train.run(cfg)
     assert final["progress/step"] == 2 and final["rollout/response_length"] > 0
     assert torch.isfinite(torch.tensor(final["policy/entropy"]))

@@ -8,13 +8,13 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from trainables.algo.hybrid import teacher_response
 from trainables.config import PromptConfig, TrialConfig
 from trainables.data.arithmetic import SYSTEM_PROMPT, Problem
 from trainables.data.offline import read_rows
 from trainables.data.prompts import OPENR1_SYSTEM_PROMPT, TEMPLATES, chat_messages, strip_prefill
-from trainables.tasks import encode_prompt, train_problems
-from trainables.algo.hybrid import teacher_response
 from trainables.rewards.verify import verify_response
+from trainables.tasks import encode_prompt, train_problems
 
 QUESTION = Problem("L1-12+7", "12+7", "19", level=1)
 FILE_TURNS = (("system", "Answer tersely."), ("user", "What is 12+7?"))
@@ -39,8 +39,9 @@ def test_openr1_system_prompt_is_the_papers_verbatim():
     assert OPENR1_SYSTEM_PROMPT.startswith("Your task is to follow a systematic, thorough reasoning process")
     assert 'the format: "<think>\\n {thoughts} </think>\\n". Each thought' in OPENR1_SYSTEM_PROMPT
     assert 'After "</think>\\n", in the Solution section' in OPENR1_SYSTEM_PROMPT
-    assert OPENR1_SYSTEM_PROMPT.endswith("include the answer in \\boxed{} for closed-form results like multiple "
-                                         "choices or mathematical solutions.")
+    assert OPENR1_SYSTEM_PROMPT.endswith(
+        "include the answer in \\boxed{} for closed-form results like multiple choices or mathematical solutions."
+    )
 
 
 @pytest.mark.parametrize(("template", "prefill"), list(GOLDEN))
@@ -64,8 +65,10 @@ def test_builtin_prompt_ids_are_todays(tokenizer):
 def test_user_format_and_template_registry():
     assert set(TEMPLATES) == {"builtin", "openr1", "dataset", "none"}
     turns = chat_messages(QUESTION, "openr1", "This is the problem: {question}")
-    assert turns == [{"role": "system", "content": OPENR1_SYSTEM_PROMPT},
-                     {"role": "user", "content": "This is the problem: 12+7"}]
+    assert turns == [
+        {"role": "system", "content": OPENR1_SYSTEM_PROMPT},
+        {"role": "user", "content": "This is the problem: 12+7"},
+    ]
     assert chat_messages(QUESTION, "dataset") == [{"role": "user", "content": "12+7"}]  # no chat list: the question
     for bad in ("no field", "{question} twice {question}", "{other}", "{question} {"):
         with pytest.raises(ValidationError, match="user_format"):
@@ -103,16 +106,23 @@ def test_teacher_targets_lose_the_prefill(tokenizer):
 def test_a_files_chat_list_is_kept_whole(tmp_path):
     """read_rows used to keep only the last user turn; the dataset template needs the system turn too."""
     path = tmp_path / "luffy.jsonl"
-    row = {"prompt": [{"role": role, "content": content} for role, content in FILE_TURNS],
-           "target": [{"role": "assistant", "content": "<think>\nok</think> \\boxed{19}"}],
-           "reward_model": {"ground_truth": "19"}, "data_source": "r1"}
+    row = {
+        "prompt": [{"role": role, "content": content} for role, content in FILE_TURNS],
+        "target": [{"role": "assistant", "content": "<think>\nok</think> \\boxed{19}"}],
+        "reward_model": {"ground_truth": "19"},
+        "data_source": "r1",
+    }
     path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "prompt": "What is 1+1?"}) + "\n")
     rows, skipped = read_rows(path)
     assert not skipped
     assert rows[0]["question"] == "What is 12+7?" and rows[0]["messages"] == FILE_TURNS
     assert "messages" not in rows[1]  # a string prompt has no chat list
-    cfg = TrialConfig(task={"name": "offline_prompts"}, offline={"teachers": [], "files": [{"path": str(path)}]},
-                      validation={"benchmarks": {"math500": str(path)}}, prompt={"template": "dataset"})
+    cfg = TrialConfig(
+        task={"name": "offline_prompts"},
+        offline={"teachers": [], "files": [{"path": str(path)}]},
+        validation={"benchmarks": {"math500": str(path)}},
+        prompt={"template": "dataset"},
+    )
     problems = train_problems(cfg)
     assert problems[0].messages == FILE_TURNS
     assert chat_messages(problems[0], "dataset")[0] == {"role": "system", "content": "Answer tersely."}
@@ -124,8 +134,11 @@ def test_a_prompt_past_the_context_is_left_out_and_counted(tiny_model_path):
     from trainables.tasks import within_context
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    problems = [Problem("a", "1 + 1 = ?", "2", level=1), Problem("b", "1 + " * 5000 + "1 = ?", "5001", level=1),
-                Problem("c", "2 + 2 = ?", "4", level=1)]
+    problems = [
+        Problem("a", "1 + 1 = ?", "2", level=1),
+        Problem("b", "1 + " * 5000 + "1 = ?", "5001", level=1),
+        Problem("c", "2 + 2 = ?", "4", level=1),
+    ]
     budget = len(encode_prompt(tokenizer, problems[0], PromptConfig())) + 10
     kept, overlong = within_context(problems, tokenizer, PromptConfig(), budget)
     assert [p.uid for p in kept] == ["a", "c"] and overlong == 1

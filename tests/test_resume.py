@@ -19,15 +19,37 @@ import time
 import optuna
 import pytest
 import torch
+from faults import (
+    EVERY,
+    TRIAL,
+    check_confirmation_records,
+    committed,
+    driver_env,
+    fault_metrics,
+    finished_runs,
+    history,
+    logged_step,
+    logged_steps,
+    reference_history,
+    runs,
+    sigkill_actor,
+    sweep_spec,
+    trial_cfg,
+    when,
+    when_step,
+)
 
-from faults import (EVERY, TRIAL, check_confirmation_records, committed, driver_env, fault_metrics, finished_runs, history, logged_step,
-                    logged_steps, reference_history, runs, sigkill_actor, sweep_spec, trial_cfg, when,
-                    when_step)
 from orchestrator import train
 from orchestrator.launch import init_ray
 from orchestrator.preempt import STOPPED_EXIT_CODE
-from trainables.runtime.checkpoint import (checkpoint_problem, manifest_file, read_rank_state, rng_state, saved_world_size,
-                                   write_manifest)
+from trainables.runtime.checkpoint import (
+    checkpoint_problem,
+    manifest_file,
+    read_rank_state,
+    rng_state,
+    saved_world_size,
+    write_manifest,
+)
 from trainables.runtime.seal import seal_key
 
 
@@ -86,8 +108,9 @@ def test_foreign_checkpoint_files_are_data(tmp_path):
     torch.save({"step": 3, "rng": rng_state()}, tmp_path / "rank_0.pt")  # what a trial writes reads back
     assert read_rank_state(tmp_path, 0)["step"] == 3
     (tmp_path.parent / "outside.txt").write_text("x")
-    (tmp_path / manifest_file(0)).write_text(json.dumps({"rank": 0, "world_size": 1, "files": {
-        "../outside.txt": {"size": 1, "sha256": "0" * 64}}}))
+    (tmp_path / manifest_file(0)).write_text(
+        json.dumps({"rank": 0, "world_size": 1, "files": {"../outside.txt": {"size": 1, "sha256": "0" * 64}}})
+    )
     assert "outside the checkpoint's folder" in checkpoint_problem(tmp_path, 1, None)
 
 
@@ -133,12 +156,17 @@ def test_two_engines_fed_over_gloo_reproduce_the_one_engine_history(reference, t
         return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "RolloutService")], detail=True)}
 
     def served(method: str) -> set[str]:
-        return {t.actor_id for t in list_tasks(filters=[("func_or_class_name", "=", f"RolloutService.{method}")],
-                                               detail=True, limit=10_000)}
+        return {
+            t.actor_id
+            for t in list_tasks(
+                filters=[("func_or_class_name", "=", f"RolloutService.{method}")], detail=True, limit=10_000
+            )
+        }
 
     before = engines()
-    train.run(trial_cfg(tmp_path, "rollout.num_engines=2", "rollout.weight_transfer=gloo",
-                        "rollout.weight_bucket_mb=1"))
+    train.run(
+        trial_cfg(tmp_path, "rollout.num_engines=2", "rollout.weight_transfer=gloo", "rollout.weight_bucket_mb=1")
+    )
     new = {key for key in engines() if key not in before}
     # Each rank generated on its own engine with its own seed, at weights that came by broadcast (in
     # several buckets) instead of the object store: the results are the one-engine run's, bit for bit.
@@ -188,10 +216,18 @@ def test_deadline_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tiny_m
 @pytest.mark.faults
 @pytest.mark.slow
 def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, ray_cluster, tmp_path, capfd):
-    command = [sys.executable, "-m", "orchestrator.train", "search_spaces/ead.yaml", "--set", f"storage={tmp_path}",
-               *[arg for o in TRIAL for arg in ("--set", o)]]
-    driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator.train",
+        "search_spaces/ead.yaml",
+        "--set",
+        f"storage={tmp_path}",
+        *[arg for o in TRIAL for arg in ("--set", o)],
+    ]
+    driver = subprocess.Popen(
+        command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     # The signal as soon as step 3 is logged, not also after the step-2 checkpoint's commit (Ray Train's next
     # poll, up to ~2 s): the trial's own stop commits it before the driver exits, as the fallback below needs.
     when(lambda: logged_step(tmp_path) >= 3, lambda: driver.send_signal(signal.SIGTERM))
@@ -223,13 +259,25 @@ def test_sigterm_checkpoints_then_resume_survives_a_torn_checkpoint(reference, r
 @pytest.mark.slow
 def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp_path):
     spec = sweep_spec(tmp_path)
-    command = [sys.executable, "-m", "orchestrator.sweep", str(spec), "--name", "s", "--storage", str(tmp_path),
-               *[arg for o in TRIAL for arg in ("--set", o)]]
-    driver = subprocess.Popen(command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator.sweep",
+        str(spec),
+        "--name",
+        "s",
+        "--storage",
+        str(tmp_path),
+        *[arg for o in TRIAL for arg in ("--set", o)],
+    ]
+    driver = subprocess.Popen(
+        command, env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     # The second trial (the reference's settings) is past its first checkpoint: kill the driver.
-    when(lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1],
-         lambda: driver.send_signal(signal.SIGKILL))
+    when(
+        lambda: logged_steps(tmp_path)[1:2] >= [3] and committed(tmp_path)[1:2] >= [1],
+        lambda: driver.send_signal(signal.SIGKILL),
+    )
     out, _ = driver.communicate(timeout=900)
     assert driver.returncode == -signal.SIGKILL, out[-3000:]
     assert logged_steps(tmp_path)[0] == 5 and 3 <= logged_steps(tmp_path)[1] < 5
@@ -237,14 +285,16 @@ def test_sweep_driver_killed_or_stopped_then_resumed(reference, ray_cluster, tmp
 
     # Resumed; then SIGTERM (the spot notice) while the third trial runs: it checkpoints, the driver
     # exits with 75, and a second resume finishes the sweep.
-    driver = subprocess.Popen([*command, "--resume"], env=driver_env(ray_cluster), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    driver = subprocess.Popen(
+        [*command, "--resume"], env=driver_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     when(lambda: logged_steps(tmp_path)[2:3] >= [2], lambda: driver.send_signal(signal.SIGTERM))
     out, _ = driver.communicate(timeout=900)
     assert driver.returncode == STOPPED_EXIT_CODE, out[-3000:]
     assert "1 trials checkpointed" in out
-    resumed = subprocess.run([*command, "--resume"], env=driver_env(ray_cluster), capture_output=True, text=True,
-                             timeout=900)
+    resumed = subprocess.run(
+        [*command, "--resume"], env=driver_env(ray_cluster), capture_output=True, text=True, timeout=900
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     plain_log(out + resumed.stdout + resumed.stderr)
     assert "report: " in resumed.stdout and (tmp_path / "s" / "report" / "report.html").is_file()
@@ -311,11 +361,21 @@ KILL_POINTS = {
 # The first case runs the reference's trial under ASHA (which may stop the second configuration at step
 # 4); the second a lighter trial (one rank, 8 prompts) without a scheduler, so that both run to the end
 # and the confirmation runs.
-CASES = {("first_trial_after_its_last_step", "second_trial_mid_run"): "asha",
-         ("between_configurations", "mid_confirmation", "while_reporting"): "confirm"}
-SETTINGS = {"asha": ["search.scheduler={name: asha, grace_period: 4}", *TRIAL],
-            "confirm": ["search.confirm={seeds: 2, max_seeds: 2}", "learner.steps=5", f"checkpoint.every={EVERY}",
-                        "validation.every=2", "validation.num_prompts=8", "validation.samples=2"]}
+CASES = {
+    ("first_trial_after_its_last_step", "second_trial_mid_run"): "asha",
+    ("between_configurations", "mid_confirmation", "while_reporting"): "confirm",
+}
+SETTINGS = {
+    "asha": ["search.scheduler={name: asha, grace_period: 4}", *TRIAL],
+    "confirm": [
+        "search.confirm={seeds: 2, max_seeds: 2}",
+        "learner.steps=5",
+        f"checkpoint.every={EVERY}",
+        "validation.every=2",
+        "validation.num_prompts=8",
+        "validation.samples=2",
+    ],
+}
 
 
 @pytest.mark.faults
@@ -327,12 +387,28 @@ def test_whole_machine_lost_then_resumed_keeps_true_records(reference, ray_clust
     Tune and Optuna each say what happened to every trial, and the verdict is the seeds' own."""
     ray_cluster.shutdown()  # this machine runs one cluster at a time: the sweep's own
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "orchestrator.sweep", str(sweep_spec(tmp_path)), "--name", "s", "--storage",
-               str(tmp_path), "--num-samples", "2", *[arg for o in SETTINGS[CASES[kill_points]] for arg in ("--set", o)]]
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator.sweep",
+        str(sweep_spec(tmp_path)),
+        "--name",
+        "s",
+        "--storage",
+        str(tmp_path),
+        "--num-samples",
+        "2",
+        *[arg for o in SETTINGS[CASES[kill_points]] for arg in ("--set", o)],
+    ]
     try:
         for point, resume in zip(kill_points, ([], *[["--resume"]] * len(kill_points))):
-            driver = subprocess.Popen([*command, *resume], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
+            driver = subprocess.Popen(
+                [*command, *resume],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             when(lambda: KILL_POINTS[point](tmp_path), lambda: kill_session(driver)).join()
             driver.wait(timeout=60)
             assert driver.returncode == -signal.SIGKILL, (point, driver.returncode)  # killed, not finished
@@ -363,8 +439,9 @@ def check_selection_records(storage, reference: dict | None) -> None:
     assert parent.data.tags["state"] == "finished" and parent.info.status == "FINISHED"
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage / 's' / 'optuna.db'}")
     proposals = [t for t in study.trials if "lost" not in t.user_attrs]  # never started: FAIL, and said so
-    assert len(proposals) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in study.trials
-                                       if "lost" in t.user_attrs)
+    assert len(proposals) == 2 and all(
+        t.state == optuna.trial.TrialState.FAIL for t in study.trials if "lost" in t.user_attrs
+    )
     optuna_state = {t.params["rollout.decoding.ead.tau_max"]: t.state for t in proposals}
     selection = [r for r in runs(storage) if r.data.tags["stage"] == "select"]
     assert sorted(float(r.data.params["rollout.decoding.ead.tau_max"]) for r in selection) == [1.0, 1.2]
@@ -381,9 +458,11 @@ def check_selection_records(storage, reference: dict | None) -> None:
     # The scheduler's durable records name exactly the configurations every store calls pruned.
     recorded = {p.stem for p in (storage / "s" / "pruned").glob("*.json")}
     assert recorded == {r.data.tags["config"] for r in selection if r.data.tags["state"] == "pruned"}
-    assert {t.params["rollout.decoding.ead.tau_max"]: t.value for t in proposals
-            if t.state == optuna.trial.TrialState.COMPLETE} == {
-        tau: m["val/accuracy"] for tau, m in final.items() if m["progress/step"] == 5}
+    assert {
+        t.params["rollout.decoding.ead.tau_max"]: t.value
+        for t in proposals
+        if t.state == optuna.trial.TrialState.COMPLETE
+    } == {tau: m["val/accuracy"] for tau, m in final.items() if m["progress/step"] == 5}
 
 
 def test_a_full_disk_during_a_checkpoint_is_said_in_one_line(tmp_path):
@@ -391,10 +470,12 @@ def test_a_full_disk_during_a_checkpoint_is_said_in_one_line(tmp_path):
     becomes one line naming the step, the folder and the space left. Other errors are not disguised."""
     from trainables.runtime.errors import write_failure
 
-    code = ("import resource, signal, torch\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\ntry:\n"
-            "    torch.save(torch.zeros(100_000), 'rank_0.pt')\nexcept Exception as e:\n"
-            "    print(type(e).__name__, '|', e)")
+    code = (
+        "import resource, signal, torch\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\ntry:\n"
+        "    torch.save(torch.zeros(100_000), 'rank_0.pt')\nexcept Exception as e:\n"
+        "    print(type(e).__name__, '|', e)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True).stdout
     kind, message = out.split(" | ", 1)
     error = OSError(message) if kind in ("OSError", "PermissionError") else RuntimeError(message)
@@ -434,7 +515,9 @@ def test_a_non_finite_step_stops_the_trial_naming_it():
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_a_resume_from_checkpoints_sealed_elsewhere_is_refused_in_one_line(ray_cluster, tiny_model_path, tmp_path, capsys):
+def test_a_resume_from_checkpoints_sealed_elsewhere_is_refused_in_one_line(
+    ray_cluster, tiny_model_path, tmp_path, capsys
+):
     """Every checkpoint of a stopped trial re-sealed under another key (as a colleague's folder would be):
     `train --resume` exits 2 with one line naming the manifest and the flag; with --trust-unsealed it
     continues to the end."""
@@ -442,7 +525,9 @@ def test_a_resume_from_checkpoints_sealed_elsewhere_is_refused_in_one_line(ray_c
 
     from trainables.runtime.checkpoint import Manifest, read_record
 
-    sets = [arg for o in [f"storage={tmp_path}", *TRIAL, "learner.steps=3", "checkpoint.every=1"] for arg in ("--set", o)]
+    sets = [
+        arg for o in [f"storage={tmp_path}", *TRIAL, "learner.steps=3", "checkpoint.every=1"] for arg in ("--set", o)
+    ]
     cfg = trial_cfg(tmp_path, "learner.steps=3", "checkpoint.every=1")
     cfg.checkpoint.save_by = datetime(2000, 1, 1)  # stops with a checkpoint at the first step boundary
     assert train.run(cfg)["progress/preempted"] == 1

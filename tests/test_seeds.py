@@ -10,22 +10,32 @@ import sys
 import pytest
 
 from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics, runs_of
-from trainables.runtime.seed_reports import group_report, seed_reports
 from trainables.config import TrialConfig
 from trainables.rollout.feed import step_prompts
+from trainables.runtime.seed_reports import group_report, seed_reports
 
 T_975_1 = 12.706204736174707  # t quantile, 1 degree of freedom
 Z_975 = 1.959963984540054
 
 
 def test_group_metrics_two_seeds_by_hand():
-    reports = [{"val/accuracy": 0.4, "loss": 1.0, "only_here": 3.0, "note": "a"},
-               {"val/accuracy": 0.6, "loss": 3.0, "note": "b"}]
+    reports = [
+        {"val/accuracy": 0.4, "loss": 1.0, "only_here": 3.0, "note": "a"},
+        {"val/accuracy": 0.6, "loss": 3.0, "note": "b"},
+    ]
     out = group_metrics(reports, "val/accuracy")
     half = T_975_1 * math.sqrt(0.02) / math.sqrt(2)  # sd of (0.4, 0.6) = sqrt(0.02)
-    assert out == pytest.approx({"val/accuracy": 0.5, "loss": 2.0, "val/accuracy/ci_low": 0.5 - half,
-                                 "val/accuracy/ci_high": 0.5 + half, "seeds": 2,
-                                 "seeds/0/val/accuracy": 0.4, "seeds/1/val/accuracy": 0.6})
+    assert out == pytest.approx(
+        {
+            "val/accuracy": 0.5,
+            "loss": 2.0,
+            "val/accuracy/ci_low": 0.5 - half,
+            "val/accuracy/ci_high": 0.5 + half,
+            "seeds": 2,
+            "seeds/0/val/accuracy": 0.4,
+            "seeds/1/val/accuracy": 0.6,
+        }
+    )
 
 
 def test_group_metrics_one_seed_takes_the_validation_error_and_drops_nan():
@@ -49,8 +59,10 @@ def test_the_controllers_callback_imports_no_part_of_the_trial():
 def test_a_groups_report_holds_each_seeds_own_and_their_mean():
     """The run reports once for its seeds: the mean of what every seed reports as a number (Ray Train keeps
     checkpoints by it), every seed's report whole; one seed's report is its own, untouched."""
-    reports = [{"val/accuracy": 0.4, "progress/step": 10, "only_here": 1.0, "note": "a"},
-               {"val/accuracy": 0.6, "progress/step": 10, "note": "b"}]
+    reports = [
+        {"val/accuracy": 0.4, "progress/step": 10, "only_here": 1.0, "note": "a"},
+        {"val/accuracy": 0.6, "progress/step": 10, "note": "b"},
+    ]
     report = group_report(reports)
     assert report["val/accuracy"] == pytest.approx(0.5) and report["progress/step"] == 10
     assert "only_here" not in report and "note" not in report
@@ -114,8 +126,9 @@ def test_step_prompts_read_each_epoch_once_in_a_seeded_order(world):
     assert epochs[0] != epochs[1]  # a new permutation each epoch
     # A function of (step, seed) alone: the same at a resumed step; another seed, another order.
     assert step_prompts(num_train, 4, per_step, 0, world, seed) == step_prompts(num_train, 4, per_step, 0, world, seed)
-    assert ([step_prompts(num_train, s, per_step, 0, 1, seed) for s in range(3)]
-            != [step_prompts(num_train, s, per_step, 0, 1, seed + 1) for s in range(3)])
+    assert [step_prompts(num_train, s, per_step, 0, 1, seed) for s in range(3)] != [
+        step_prompts(num_train, s, per_step, 0, 1, seed + 1) for s in range(3)
+    ]
 
 
 def test_step_prompts_are_the_same_data_whatever_the_world_size():

@@ -31,7 +31,11 @@ def test_shipped_spec_is_valid():
         ("rollout: {group_sise: 8}\n", "rollout.group_sise", "unknown key"),
         ("rollout: {group_size: 1}\n", "rollout.group_size", "greater than or equal to 2"),
         ("learner: {lr: fast}\n", "learner.lr", "valid number"),
-        ("rollout: {decoding: {ead: {tau_min: 1.5, tau_max: 1.2}}}\n", "rollout.decoding.ead", "tau_min must be <= tau_max"),
+        (
+            "rollout: {decoding: {ead: {tau_min: 1.5, tau_max: 1.2}}}\n",
+            "rollout.decoding.ead",
+            "tau_min must be <= tau_max",
+        ),
         ("rollout: {decoding: {ead: {d0: 0}}}\n", "rollout.decoding.ead.d0", "greater than 0"),
         ("rollout: {decoding: {schedule: hot}}\n", "rollout.decoding.schedule", "'ead' or 'fixed'"),
         ("algorithm: {loss_agg: mean}\n", "algorithm.loss_agg", "token-mean"),
@@ -46,21 +50,34 @@ def test_shipped_spec_is_valid():
         ("validation: {benchmarks: {aime24: null}}\n", "validation", "benchmarks.aime24 needs its file"),
         ("validation: {benchmarks: {arithmetic: a.jsonl}}\n", "validation", "arithmetic is built in"),
         ("validation: {benchmarks: {aime24: nowhere.jsonl}}\n", "validation.benchmarks.aime24", "nowhere.jsonl"),
-        ("checkpoint: {keep_best_by: val/aime24/avg_at_2}\n", "checkpoint.keep_best_by",
-         "not a validation metric of this spec"),
+        (
+            "checkpoint: {keep_best_by: val/aime24/avg_at_2}\n",
+            "checkpoint.keep_best_by",
+            "not a validation metric of this spec",
+        ),
         ("task: {name: offline_prompts}\n", "<top>", "offline_prompts takes its prompts from offline.files"),
         ("rollout: {tensor_parallel_size: 2}\n", "<top>", "need rollout.backend: vllm"),
         ("rollout: {backend: vllm, colocate: true, num_gpus: 0.3}\n", "<top>", "needs learner.use_gpu: true"),
-        ("rollout: {backend: vllm, num_gpus: 1, tensor_parallel_size: 2}\n", "<top>", "must equal rollout.tensor_parallel_size"),
+        (
+            "rollout: {backend: vllm, num_gpus: 1, tensor_parallel_size: 2}\n",
+            "<top>",
+            "must equal rollout.tensor_parallel_size",
+        ),
         ("model: {path: /m, preset: smollm2-135m-instruct}\n", "model", "give path or preset, not both"),
-        ("rollout: {num_engines: 3}\nlearner: {num_workers: 2}\n", "<top>", "rollout.num_engines (3) must be <= "
-         "learner.num_workers (2)"),
+        (
+            "rollout: {num_engines: 3}\nlearner: {num_workers: 2}\n",
+            "<top>",
+            "rollout.num_engines (3) must be <= learner.num_workers (2)",
+        ),
         ("rollout: {weight_transfer: nccl}\n", "<top>", "rollout.weight_transfer nccl sends between GPUs"),
         ("rollout: {weight_transfer: ray}\n", "rollout.weight_transfer", "'object_store', 'gloo', 'nccl' or 'ipc'"),
         ("rollout: {weight_transfer: ipc}\n", "<top>", "rollout.weight_transfer ipc maps the learner's GPU memory"),
         ("rollout: {overlap: 2}\n", "rollout.overlap", "0 or 1"),
-        ("rollout: {backend: vllm, colocate: true, num_gpus: 0.5, overlap: 1}\nlearner: {use_gpu: true}\n", "<top>",
-         "rollout.overlap: 1 generates while the learner trains"),
+        (
+            "rollout: {backend: vllm, colocate: true, num_gpus: 0.5, overlap: 1}\nlearner: {use_gpu: true}\n",
+            "<top>",
+            "rollout.overlap: 1 generates while the learner trains",
+        ),
     ],
 )
 def test_bad_spec_names_the_key(tmp_path, text, key, expected):
@@ -112,11 +129,14 @@ def test_validation_benchmarks_name_their_metrics_and_paths_become_absolute(tmp_
 
     (tmp_path / "aime24.jsonl").write_text('{"problem": "1+1", "answer": "2", "id": 1}\n')
     monkeypatch.chdir(tmp_path)  # a relative file is read from where the command runs, not the trial's folder
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         validation: {samples: 4, benchmarks: {arithmetic: null, aime24: aime24.jsonl}}
         checkpoint: {keep_best_by: val/aime24/maj_at_4}
         search: {metric: val/macro/pass_at_4, space: {learner.lr: {value: 0.001}}}
-        """)
+        """,
+    )
     trial, search, _ = load_sweep_spec(path)
     assert trial.validation.benchmarks["aime24"] == str(tmp_path / "aime24.jsonl")
     assert "val/aime24/worst_at_4" in trial.validation.metric_names()

@@ -97,8 +97,9 @@ def test_seeds_needed_comes_with_its_range_and_its_test():
     diffs = [0.05, -0.02, 0.04]
     low, high = seeds_range(diffs)
     assert low <= seeds_needed(diffs) and high == MAX_SEEDS
-    line = describe(paired_difference([0.4 + d for d in diffs], [0.4] * 3), "inconclusive", seeds_needed(diffs),
-                    span=(low, high))
+    line = describe(
+        paired_difference([0.4 + d for d in diffs], [0.4] * 3), "inconclusive", seeds_needed(diffs), span=(low, high)
+    )
     assert "alpha 0.05 two-sided" in line and "power 0.8" in line and "to unbounded" in line
 
 

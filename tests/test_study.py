@@ -16,8 +16,13 @@ from orchestrator import study
 from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
 
-BASE_OVERRIDES = ["learner.steps=2", "validation.every=2", "validation.num_prompts=16", "validation.samples=2",
-                  "learner.prompts_per_step=4"]
+BASE_OVERRIDES = [
+    "learner.steps=2",
+    "validation.every=2",
+    "validation.num_prompts=16",
+    "validation.samples=2",
+    "learner.prompts_per_step=4",
+]
 
 
 def spec_with(tmp_path, section: str):
@@ -28,14 +33,20 @@ def spec_with(tmp_path, section: str):
     return path
 
 
-@pytest.mark.parametrize("section, expected", [
-    ("study: {arms: {only: {}}}\n", "study: arms: name at least two arms"),
-    ("study: {arms: {'../x': {}, b: {}}}\n", "'../x' is not an arm name"),
-    ("study: {arms: {a: {}, b: {rollout.decoding.ead.tau_maxx: 1}}}\n", "study.arms.b: rollout.decoding.ead.tau_maxx"),
-    ("study: {arms: {a: {}, b: {}}, seeds: 0}\n", "study: seeds"),
-    ("study: {arms: {a: {}, b: {}}, metric: accuracy}\n", "'accuracy' is not a trial metric"),
-    ("arms: {a: {}, b: {}}\n", "study: missing"),
-])
+@pytest.mark.parametrize(
+    "section, expected",
+    [
+        ("study: {arms: {only: {}}}\n", "study: arms: name at least two arms"),
+        ("study: {arms: {'../x': {}, b: {}}}\n", "'../x' is not an arm name"),
+        (
+            "study: {arms: {a: {}, b: {rollout.decoding.ead.tau_maxx: 1}}}\n",
+            "study.arms.b: rollout.decoding.ead.tau_maxx",
+        ),
+        ("study: {arms: {a: {}, b: {}}, seeds: 0}\n", "study: seeds"),
+        ("study: {arms: {a: {}, b: {}}, metric: accuracy}\n", "'accuracy' is not a trial metric"),
+        ("arms: {a: {}, b: {}}\n", "study: missing"),
+    ],
+)
 def test_bad_study_spec_is_one_line_naming_the_key(tmp_path, section, expected):
     with pytest.raises(SpecError) as info:
         study.load_study_spec(spec_with(tmp_path, section))
@@ -43,9 +54,14 @@ def test_bad_study_spec_is_one_line_naming_the_key(tmp_path, section, expected):
     assert len(message.splitlines()) == 1 and expected in message, message
 
 
-@pytest.mark.parametrize("spec, arms", [("search_spaces/studies/ead_vs_fixed.yaml", 4),
-                                        ("search_spaces/studies/oger_ablation.yaml", 5),
-                                        ("search_spaces/studies/overlap_lag.yaml", 2)])
+@pytest.mark.parametrize(
+    "spec, arms",
+    [
+        ("search_spaces/studies/ead_vs_fixed.yaml", 4),
+        ("search_spaces/studies/oger_ablation.yaml", 5),
+        ("search_spaces/studies/overlap_lag.yaml", 2),
+    ],
+)
 def test_shipped_studies_are_valid(spec, arms):
     _, config, _ = study.load_study_spec(spec)
     assert config.seeds >= 3 and len(config.arms) == arms
@@ -61,15 +77,26 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
 
 @pytest.mark.slow
 def test_two_arms_two_seeds_match_their_mlflow_runs(ray_cluster, tiny_model_path, tmp_path):
-    spec = spec_with(tmp_path, """
+    spec = spec_with(
+        tmp_path,
+        """
         study:
           seeds: 2
           arms:
             ead: {}
             fixed_1.0: {rollout.decoding.schedule: fixed, rollout.decoding.temperature: 1.0}
-        """)
-    args = argparse.Namespace(overrides=BASE_OVERRIDES, seeds=None, max_concurrent=None, dry_run=False, name="st",
-                              storage=str(tmp_path / "runs"), tracking_uri=None, resume=False)
+        """,
+    )
+    args = argparse.Namespace(
+        overrides=BASE_OVERRIDES,
+        seeds=None,
+        max_concurrent=None,
+        dry_run=False,
+        name="st",
+        storage=str(tmp_path / "runs"),
+        tracking_uri=None,
+        resume=False,
+    )
     assert study.run(str(spec), args) == 0
     folder = tmp_path / "runs" / "st"
     result = json.loads((folder / "study.json").read_text())
@@ -98,21 +125,28 @@ def test_two_arms_two_seeds_match_their_mlflow_runs(ray_cluster, tiny_model_path
         assert (row["mean"], row["ci_low"], row["ci_high"]) == pytest.approx(t_interval(diffs))
     # The entropy curve: mean over the seeds at each step, from the runs' histories.
     curve = result["arms"]["ead"]["curves"]["policy/entropy"]
-    by_step = [dict((m.step, m.value) for m in tracker.client.get_metric_history(r.info.run_id, "policy/entropy"))
-               for r in runs if r.data.tags["arm"] == "ead"]
+    by_step = [
+        dict((m.step, m.value) for m in tracker.client.get_metric_history(r.info.run_id, "policy/entropy"))
+        for r in runs
+        if r.data.tags["arm"] == "ead"
+    ]
     assert curve["steps"] == [1, 2]
     assert curve["mean"] == pytest.approx([(by_step[0][s] + by_step[1][s]) / 2 for s in (1, 2)])
     # Sample efficiency: each seed's objective averaged over its validations after the base one.
-    areas = [[m.value for m in tracker.client.get_metric_history(r.info.run_id, "val/accuracy") if m.step > 0]
-             for r in sorted((r for r in runs if r.data.tags["arm"] == "ead"), key=lambda r: int(r.data.params["seed"]))]
+    areas = [
+        [m.value for m in tracker.client.get_metric_history(r.info.run_id, "val/accuracy") if m.step > 0]
+        for r in sorted((r for r in runs if r.data.tags["arm"] == "ead"), key=lambda r: int(r.data.params["seed"]))
+    ]
     assert result["arms"]["ead"]["final"]["val/accuracy/mean_over_validations"]["values"] == pytest.approx(
-        [sum(a) / len(a) for a in areas])
+        [sum(a) / len(a) for a in areas]
+    )
     (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     assert parent.data.tags["experiment_kind"] == "study" and parent.data.tags["state"] == "finished"
     assert "study.json" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
     # The study ends with its report, on disk and in its parent run.
     assert {"report/report.html", "report/report.md"} <= {
-        a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")}
+        a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")
+    }
     assert "val/accuracy" in (folder / "report" / "report.md").read_text()
 
 
@@ -127,8 +161,11 @@ def test_primary_verdicts_are_holm_adjusted_and_the_rest_exploratory():
     def arm(acc, ent):
         return {"final": {"val/accuracy": {"values": acc}, "policy/entropy": {"values": ent}}}
 
-    arms = {"a": arm([0.40, 0.42, 0.41], [0.10, 0.11, 0.12]), "b": arm([0.44, 0.45, 0.43], [0.20, 0.21, 0.22]),
-            "c": arm([0.445, 0.45, 0.43], [0.10, 0.11, 0.12])}
+    arms = {
+        "a": arm([0.40, 0.42, 0.41], [0.10, 0.11, 0.12]),
+        "b": arm([0.44, 0.45, 0.43], [0.20, 0.21, 0.22]),
+        "c": arm([0.445, 0.45, 0.43], [0.10, 0.11, 0.12]),
+    }
     p_b = stats.ttest_1samp([0.04, 0.03, 0.02], 0).pvalue
     p_c = stats.ttest_1samp([0.045, 0.03, 0.02], 0).pvalue
     assert p_b < p_c < 0.05 < 2 * p_b
@@ -154,18 +191,45 @@ def test_arms_measured_at_other_steps_or_by_another_validation_are_not_compared(
     def arm(acc, steps=(30, 30, 30), **overrides):
         return {"overrides": overrides, "steps": list(steps), "final": {"val/accuracy": {"values": acc}}}
 
-    arms = {"a": arm([0.40, 0.42, 0.41]), "b": arm([0.44, 0.45, 0.43]),
-            "early": arm([0.30, 0.31, 0.29], steps=(30, 20, 30)),
-            "k8": arm([0.50, 0.52, 0.51], **{"validation.samples": 8})}
+    arms = {
+        "a": arm([0.40, 0.42, 0.41]),
+        "b": arm([0.44, 0.45, 0.43]),
+        "early": arm([0.30, 0.31, 0.29], steps=(30, 20, 30)),
+        "k8": arm([0.50, 0.52, 0.51], **{"validation.samples": 8}),
+    }
     rows = differences(arms, "max", "val/accuracy")
-    assert rows["early"]["val/accuracy"]["verdict"] == "not compared" and "different steps" in rows["early"]["val/accuracy"]["line"]
-    assert rows["k8"]["val/accuracy"]["verdict"] == "not compared" and "validation.samples" in rows["k8"]["val/accuracy"]["line"]
+    assert (
+        rows["early"]["val/accuracy"]["verdict"] == "not compared"
+        and "different steps" in rows["early"]["val/accuracy"]["line"]
+    )
+    assert (
+        rows["k8"]["val/accuracy"]["verdict"] == "not compared"
+        and "validation.samples" in rows["k8"]["val/accuracy"]["line"]
+    )
     assert rows["b"]["val/accuracy"]["p_holm"] == pytest.approx(stats.ttest_1samp([0.04, 0.03, 0.02], 0).pvalue)
-    table = markdown({"name": "s", "metric": "val/accuracy", "seeds": 3, "margin": None, "differences": rows,
-                      "noise": {"validation_se": 0.02, "seed_sd": None},
-                      "arms": {n: {"final": {"val/accuracy": {"values": a["final"]["val/accuracy"]["values"],
-                                                              "mean": 0.4, "ci_low": 0.3, "ci_high": 0.5}}}
-                               for n, a in arms.items()}})
+    table = markdown(
+        {
+            "name": "s",
+            "metric": "val/accuracy",
+            "seeds": 3,
+            "margin": None,
+            "differences": rows,
+            "noise": {"validation_se": 0.02, "seed_sd": None},
+            "arms": {
+                n: {
+                    "final": {
+                        "val/accuracy": {
+                            "values": a["final"]["val/accuracy"]["values"],
+                            "mean": 0.4,
+                            "ci_low": 0.3,
+                            "ci_high": 0.5,
+                        }
+                    }
+                }
+                for n, a in arms.items()
+            },
+        }
+    )
     assert "| early | val/accuracy | primary | - | - | not compared: their values come from different steps" in table
 
 

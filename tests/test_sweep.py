@@ -34,16 +34,37 @@ def spec_with(tmp_path, search: str):
     return path
 
 
-@pytest.mark.parametrize("search, expected", [
-    ("search: {space: {rollout.decoding.ead.tau_maxx: {uniform: [1, 2]}}}\n", "search.space.rollout.decoding.ead.tau_maxx"),
-    ("search: {space: {}}\n", "space is empty"),
-    ("search: {max_concurrent_trials: 0, space: {learner.lr: {value: 0.001}}}\n", "max_concurrent_trials: Input should be greater than or equal to 1"),
-    ("search: {metric: accuracy, space: {learner.lr: {value: 0.001}}}\n", "metric 'accuracy' is not a trial metric"),
-    ("search: {space: {learner.lr: {uniform: [2, 1]}}}\n", "low < high"),
-    ("search: {space: {rollout.group_size: {int: [1, 4]}}}\n", "search.space.rollout.group_size: 1 does not make a valid trial"),
-    ("search: {final: {learner.stepz: 100}, space: {learner.lr: {value: 0.001}}}\n", "search.final: does not make a valid trial (learner.stepz: unknown key"),
-    ("search: {metric: val/aime24/avg_at_2, space: {learner.lr: {value: 0.001}}}\n", "search.metric: val/aime24/avg_at_2 is not a validation metric"),
-])
+@pytest.mark.parametrize(
+    "search, expected",
+    [
+        (
+            "search: {space: {rollout.decoding.ead.tau_maxx: {uniform: [1, 2]}}}\n",
+            "search.space.rollout.decoding.ead.tau_maxx",
+        ),
+        ("search: {space: {}}\n", "space is empty"),
+        (
+            "search: {max_concurrent_trials: 0, space: {learner.lr: {value: 0.001}}}\n",
+            "max_concurrent_trials: Input should be greater than or equal to 1",
+        ),
+        (
+            "search: {metric: accuracy, space: {learner.lr: {value: 0.001}}}\n",
+            "metric 'accuracy' is not a trial metric",
+        ),
+        ("search: {space: {learner.lr: {uniform: [2, 1]}}}\n", "low < high"),
+        (
+            "search: {space: {rollout.group_size: {int: [1, 4]}}}\n",
+            "search.space.rollout.group_size: 1 does not make a valid trial",
+        ),
+        (
+            "search: {final: {learner.stepz: 100}, space: {learner.lr: {value: 0.001}}}\n",
+            "search.final: does not make a valid trial (learner.stepz: unknown key",
+        ),
+        (
+            "search: {metric: val/aime24/avg_at_2, space: {learner.lr: {value: 0.001}}}\n",
+            "search.metric: val/aime24/avg_at_2 is not a validation metric",
+        ),
+    ],
+)
 def test_bad_search_spec_is_one_line_naming_the_key(tmp_path, search, expected):
     with pytest.raises(SpecError) as info:
         load_sweep_spec(spec_with(tmp_path, search))
@@ -58,24 +79,44 @@ def test_optuna_state_is_the_trials_end(tmp_path):
     from orchestrator.scheduler import record_pruned
     from orchestrator.searcher import StepOptunaSearch
 
-    searcher = StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
-                                mode="max", tracking={"storage": str(tmp_path)})
+    searcher = StepOptunaSearch(
+        {"x": optuna.distributions.FloatDistribution(0, 1)},
+        metric="val/accuracy",
+        mode="max",
+        tracking={"storage": str(tmp_path)},
+    )
     record_pruned(str(tmp_path), "pruned", 10)
     at = {"finished": 30, "pruned": 10, "errored": 20, "short": 20}
     for trial_id, step in at.items():
         searcher.suggest(trial_id)
         for s in range(10, step + 1, 10):
-            result = {"val/accuracy": s / 100, "val/accuracy_base": 0.05, "progress/step": s,
-                      "progress/val_step": s, "progress/steps": 30}
+            result = {
+                "val/accuracy": s / 100,
+                "val/accuracy_base": 0.05,
+                "progress/step": s,
+                "progress/val_step": s,
+                "progress/steps": 30,
+            }
             if s < step:
                 searcher.on_trial_result(trial_id, result)
         searcher.on_trial_complete(trial_id, None if trial_id == "errored" else result, error=trial_id == "errored")
     trials = {t.user_attrs["tune_trial_id"]: t for t in searcher._ot_study.get_trials()}
     assert {k: t.state for k, t in trials.items()} == {
-        "finished": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED,
-        "errored": optuna.trial.TrialState.FAIL, "short": optuna.trial.TrialState.FAIL}
-    assert trials["finished"].value == 0.30 and trials["finished"].intermediate_values == {0: 0.05, 10: 0.1, 20: 0.2, 30: 0.3}
-    assert trials["pruned"].user_attrs["pruned_at_step"] == 10 and trials["pruned"].intermediate_values == {0: 0.05, 10: 0.1}
+        "finished": optuna.trial.TrialState.COMPLETE,
+        "pruned": optuna.trial.TrialState.PRUNED,
+        "errored": optuna.trial.TrialState.FAIL,
+        "short": optuna.trial.TrialState.FAIL,
+    }
+    assert trials["finished"].value == 0.30 and trials["finished"].intermediate_values == {
+        0: 0.05,
+        10: 0.1,
+        20: 0.2,
+        30: 0.3,
+    }
+    assert trials["pruned"].user_attrs["pruned_at_step"] == 10 and trials["pruned"].intermediate_values == {
+        0: 0.05,
+        10: 0.1,
+    }
     assert trials["errored"].intermediate_values == {0: 0.05, 10: 0.1}
 
 
@@ -110,9 +151,13 @@ def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
     from orchestrator.searcher import StepOptunaSearch
 
     def searcher():
-        return StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
-                                mode="max", storage=optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}"),
-                                study_name="s")
+        return StepOptunaSearch(
+            {"x": optuna.distributions.FloatDistribution(0, 1)},
+            metric="val/accuracy",
+            mode="max",
+            storage=optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}"),
+            study_name="s",
+        )
 
     before = searcher()
     before.suggest("kept")
@@ -120,8 +165,10 @@ def test_a_proposal_lost_with_the_driver_fails_on_resume(tmp_path):
     before.suggest("lost")
     after = searcher()
     after.restore(str(tmp_path / "searcher.pkl"))
-    trials = {t.user_attrs.get("tune_trial_id", "queued"): t for t in optuna.load_study(
-        study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}").trials}
+    trials = {
+        t.user_attrs.get("tune_trial_id", "queued"): t
+        for t in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}").trials
+    }
     assert trials["kept"].state == optuna.trial.TrialState.RUNNING
     assert trials["queued"].state == optuna.trial.TrialState.WAITING
     assert trials["lost"].state == optuna.trial.TrialState.FAIL and "driver" in trials["lost"].user_attrs["lost"]
@@ -137,9 +184,13 @@ def test_a_trial_told_finished_before_the_driver_was_lost_keeps_its_record(tmp_p
     from orchestrator.searcher import StepOptunaSearch
 
     def searcher():
-        return StepOptunaSearch({"x": optuna.distributions.FloatDistribution(0, 1)}, metric="val/accuracy",
-                                mode="max", storage=optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}"),
-                                study_name="s")
+        return StepOptunaSearch(
+            {"x": optuna.distributions.FloatDistribution(0, 1)},
+            metric="val/accuracy",
+            mode="max",
+            storage=optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}"),
+            study_name="s",
+        )
 
     final = {"val/accuracy": 0.5, "progress/step": 5, "progress/val_step": 5, "progress/steps": 5}
     before = searcher()
@@ -155,8 +206,12 @@ def test_a_trial_told_finished_before_the_driver_was_lost_keeps_its_record(tmp_p
 
 
 def test_dry_run_prints_valid_proposals_and_starts_nothing(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "orchestrator.sweep", "search_spaces/ead.yaml", "--dry-run",
-                          "--storage", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.sweep", "search_spaces/ead.yaml", "--dry-run", "--storage", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "trial 0: {'rollout.decoding.ead.tau_max': 1.2, 'rollout.decoding.ead.d0': 25}" in out.stdout
     assert "trial 3:" in out.stdout and not list(tmp_path.iterdir())  # nothing written, nothing run
@@ -189,8 +244,15 @@ def finished_sweep(ray_cluster, tiny_model_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     spec = spec_with(tmp, ASHA_SEARCH)
     args = argparse.Namespace(
-        overrides=["validation.every=2", "validation.num_prompts=32"], num_samples=None, max_concurrent=None,
-        dry_run=False, name="asha", storage=str(tmp / "runs"), tracking_uri=None, resume=False)
+        overrides=["validation.every=2", "validation.num_prompts=32"],
+        num_samples=None,
+        max_concurrent=None,
+        dry_run=False,
+        name="asha",
+        storage=str(tmp / "runs"),
+        tracking_uri=None,
+        resume=False,
+    )
     assert sweep.run(str(spec), args) == 0
     return tmp / "runs"
 
@@ -211,20 +273,27 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     assert len(configs) == 3
     for seeds in configs.values():
         assert sorted(r.data.params["seed"] for r in seeds) == ["0", "1"]
-        assert len({r.data.params["learner.lr"] for r in seeds}) == 1 and len({r.data.tags["state"] for r in seeds}) == 1
+        assert (
+            len({r.data.params["learner.lr"] for r in seeds}) == 1 and len({r.data.tags["state"] for r in seeds}) == 1
+        )
         assert "config/val/arithmetic/pass_at_2/mean" in seeds[0].data.metrics
     states = sorted(r.data.tags["state"] for r in trials)
     assert "pruned" in states and "finished" in states, states
     for run in trials:  # the run page says where and why a pruned run was stopped
         note = run.data.tags["mlflow.note.content"]
-        assert ("Pruned at step 2: its val/arithmetic/pass_at_2 (" in note and "was below the cut-off (" in note
-                and "of the rung of step 2" in note) == (run.data.tags["state"] == "pruned"), note
+        assert (
+            "Pruned at step 2: its val/arithmetic/pass_at_2 (" in note
+            and "was below the cut-off (" in note
+            and "of the rung of step 2" in note
+        ) == (run.data.tags["state"] == "pruned"), note
 
     # The selection's estimate: the best configuration other than the baseline, paired seed by seed with it.
     tags, metrics = parent.data.tags, parent.data.metrics
     assert tags["verdict_config"] != tags["baseline"]
-    final = {c: [r.data.metrics["val/arithmetic/pass_at_2"] for r in sorted(runs, key=lambda r: r.data.params["seed"])]
-             for c, runs in configs.items()}
+    final = {
+        c: [r.data.metrics["val/arithmetic/pass_at_2"] for r in sorted(runs, key=lambda r: r.data.params["seed"])]
+        for c, runs in configs.items()
+    }
     diffs = [a - b for a, b in zip(final[tags["verdict_config"]], final[tags["baseline"]])]
     assert metrics["select/best_minus_baseline/mean"] == pytest.approx(sum(diffs) / 2) == 0
     assert metrics["select/best_minus_baseline/ci_low"] <= 0 <= metrics["select/best_minus_baseline/ci_high"]
@@ -232,11 +301,19 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     # The verdict comes from the confirmation: both again on seeds no selection run used, paired.
     confirm = [r for r in runs if r.data.tags.get("stage") == "confirm"]
     assert sorted((r.data.tags["config"], r.data.params["seed"]) for r in confirm) == sorted(
-        (c, s) for c in (tags["verdict_config"], tags["baseline"]) for s in ("2", "3"))
+        (c, s) for c in (tags["verdict_config"], tags["baseline"]) for s in ("2", "3")
+    )
     assert {r.data.tags["state"] for r in confirm} == {"finished"} and all(
-        r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in confirm)
-    fresh = {c: [r.data.metrics["val/arithmetic/pass_at_2"] for r in sorted(confirm, key=lambda r: r.data.params["seed"])
-                 if r.data.tags["config"] == c] for c in (tags["verdict_config"], tags["baseline"])}
+        r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in confirm
+    )
+    fresh = {
+        c: [
+            r.data.metrics["val/arithmetic/pass_at_2"]
+            for r in sorted(confirm, key=lambda r: r.data.params["seed"])
+            if r.data.tags["config"] == c
+        ]
+        for c in (tags["verdict_config"], tags["baseline"])
+    }
     fresh_diffs = [a - b for a, b in zip(fresh[tags["verdict_config"]], fresh[tags["baseline"]])]
     assert fresh_diffs == [0.0, 0.0] and metrics["confirm/seeds"] == 2  # decided at the first look
     assert metrics["confirm/best_minus_baseline/mean"] == metrics["confirm/best_minus_baseline/ci_low"] == 0
@@ -247,8 +324,11 @@ def test_sweep_records_every_trial_and_stops_one_early(finished_sweep):
     assert "equivalent to the baseline within +-0.05" in note and note.endswith("the final model trains it")
     assert "configurations.md" in [a.path for a in tracker.client.list_artifacts(parent.info.run_id)]
     # A pruned trial dies before its own clean-up: the driver removed its engines' placement group.
-    left = [g.name for g in list_placement_groups(detail=True, limit=10_000)
-            if g.name.startswith("rollout-engines-") and g.state != "REMOVED"]
+    left = [
+        g.name
+        for g in list_placement_groups(detail=True, limit=10_000)
+        if g.name.startswith("rollout-engines-") and g.state != "REMOVED"
+    ]
     assert not left, left
     assert parent.data.tags["state"] == "finished" and parent.data.tags["best_trial"]
 
@@ -278,8 +358,9 @@ def test_every_metric_a_trial_logged_is_documented(finished_sweep):
 @pytest.mark.slow
 def test_mlflow_optuna_and_tune_agree_on_every_trial(finished_sweep):
     """Each client through its own API: a configuration ASHA stopped is pruned in all three (MLflow
-    `FINISHED` with state `pruned` and a description saying so, Optuna `PRUNED`, Tune short of the last step), a finished one is
-    finished in all three; Optuna's intermediate values sit at the RL steps of the validations."""
+    `FINISHED` with state `pruned` and a description saying so, Optuna `PRUNED`, Tune short of the last
+    step), a finished one is finished in all three; Optuna's intermediate values sit at the RL steps of the
+    validations."""
     from ray import tune
 
     tracker = Tracker(default_tracking_uri(str(finished_sweep)), "rlvr-explore")
@@ -290,23 +371,28 @@ def test_mlflow_optuna_and_tune_agree_on_every_trial(finished_sweep):
     study = optuna.load_study(study_name="asha", storage=f"sqlite:///{finished_sweep / 'asha' / 'optuna.db'}")
     assert study.metric_names == ["val/arithmetic/pass_at_2"]
     optuna_trials = {t.user_attrs["tune_trial_id"]: t for t in study.trials}
+
     def trainable(config):  # Tune checks the name only: reading results runs nothing
         raise AssertionError("not run")
 
     grid = tune.Tuner.restore(str(finished_sweep / "asha" / "tune"), trainable).get_results()
     assert grid.get_best_result().metrics["val/arithmetic/pass_at_2"] == max(  # metric and mode recorded
-        r.metrics["val/arithmetic/pass_at_2"] for r in grid if r.metrics["progress/step"] == STEPS)
+        r.metrics["val/arithmetic/pass_at_2"] for r in grid if r.metrics["progress/step"] == STEPS
+    )
     states = []
     for result in grid:
         trial_id, step = result.metrics["trial_id"], int(result.metrics["progress/step"])
         state = "finished" if step == STEPS else "pruned"
         mine = [r for r in runs if r.data.tags["config"] == trial_id]
         assert len(mine) == 2 and {(r.data.tags["state"], r.info.status) for r in mine} == {
-            (state, "FINISHED")}  # the MLflow UI draws KILLED as a failure
+            (state, "FINISHED")
+        }  # the MLflow UI draws KILLED as a failure
         assert all(("Pruned" in r.data.tags["mlflow.note.content"]) == (state == "pruned") for r in mine)
         assert sorted(r.info.run_name for r in mine) == [f"lr={mine[0].data.tags['lr']} seed={s}" for s in (0, 1)]
         trial = optuna_trials[trial_id]
-        assert trial.state == (optuna.trial.TrialState.COMPLETE if state == "finished" else optuna.trial.TrialState.PRUNED)
+        assert trial.state == (
+            optuna.trial.TrialState.COMPLETE if state == "finished" else optuna.trial.TrialState.PRUNED
+        )
         assert sorted(trial.user_attrs["mlflow_run_ids"]) == sorted(r.info.run_id for r in mine)
         assert sorted(trial.intermediate_values) == list(range(0, step + 1, 2))  # base, then every validation
         states.append(state)
@@ -318,9 +404,12 @@ def test_mlflow_server_serves_the_sweep(finished_sweep, mlflow_server, free_port
     base = mlflow_server(default_tracking_uri(str(finished_sweep)), free_port) + "/api/2.0/mlflow"
     with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=rlvr-explore") as r:
         experiment_id = json.load(r)["experiment"]["experiment_id"]
-    request = urllib.request.Request(f"{base}/runs/search", method="POST",
-                                     data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}/runs/search",
+        method="POST",
+        data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request) as r:
         runs = json.load(r)["runs"]
     kinds = sorted(t["value"] for run in runs for t in run["data"]["tags"] if t["key"] == "kind")
@@ -346,8 +435,24 @@ def test_best_trial_trains_exports_registers_and_evaluates(finished_sweep, tmp_p
     assert "model/model.safetensors" in [a.path for a in tracker.client.list_artifacts(run.info.run_id, "model")]
 
     out = tmp_path / "eval.json"
-    assert evaluate.main([str(model_dir), "--benchmarks", "arithmetic", "--limit", "4", "--samples", "2",
-                          "--out", str(out), "--tracking-uri", tracker.uri]) == 0
+    assert (
+        evaluate.main(
+            [
+                str(model_dir),
+                "--benchmarks",
+                "arithmetic",
+                "--limit",
+                "4",
+                "--samples",
+                "2",
+                "--out",
+                str(out),
+                "--tracking-uri",
+                tracker.uri,
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["results"]["T0.6"]["arithmetic"]["avg@2"] >= 0
 
 
@@ -367,15 +472,26 @@ def test_smoothing_is_tensorboards_debiased_average():
 def test_a_metric_equal_to_another_on_every_trial_shares_its_panel():
     """GRPO's reward is its accuracy: one panel, titled with both; a curve that differs on one trial keeps its own."""
     a, b = ([1, 2], [0.1, 0.2]), ([1, 2], [0.3, 0.4])
-    titles = report.panel_titles({"rollout/reward_mean": [a, b], "rollout/accuracy": [a, b],
-                                  "policy/entropy": [a, a], "other": [a, ([1, 2], [0.3, 0.5])]})
-    assert titles == {"rollout/reward_mean": "rollout/reward_mean = rollout/accuracy", "policy/entropy": "policy/entropy",
-                      "other": "other"}
+    titles = report.panel_titles(
+        {
+            "rollout/reward_mean": [a, b],
+            "rollout/accuracy": [a, b],
+            "policy/entropy": [a, a],
+            "other": [a, ([1, 2], [0.3, 0.5])],
+        }
+    )
+    assert titles == {
+        "rollout/reward_mean": "rollout/reward_mean = rollout/accuracy",
+        "policy/entropy": "policy/entropy",
+        "other": "other",
+    }
 
 
 def test_the_legend_names_the_baseline_the_best_and_the_final_model():
     assert report.legend_marks({"baseline": "a", "selected_best": "b", "best_trial": "a", "other": "c"}) == {
-        "a": "baseline & final model", "b": "best"}
+        "a": "baseline & final model",
+        "b": "best",
+    }
     assert report.legend_marks({}) == {}
 
 
@@ -384,16 +500,29 @@ def test_a_parameter_searched_on_a_log_scale_is_plotted_on_one(tmp_path, monkeyp
 
     figures = []
     monkeypatch.setattr(report, "save", lambda fig, path: figures.append(fig))
-    trials = [SimpleNamespace(data=SimpleNamespace(metrics={"val/accuracy": v}, tags={"state": "finished"},
-                                                   params={"d0": str(d0), "tau_max": "1.2"}))
-              for d0, v in ((5, 0.3), (50, 0.4), (500, 0.35))]
+    trials = [
+        SimpleNamespace(
+            data=SimpleNamespace(
+                metrics={"val/accuracy": v}, tags={"state": "finished"}, params={"d0": str(d0), "tau_max": "1.2"}
+            )
+        )
+        for d0, v in ((5, 0.3), (50, 0.4), (500, 0.35))
+    ]
     assert report.plot_objective(trials, ["d0", "tau_max"], "val/accuracy", tmp_path / "o.png", {"d0"})
     assert [ax.get_xscale() for ax in figures[0].axes] == ["log", "linear"]
 
 
 def test_parameters_are_shown_short_and_rounded_whatever_their_type():
-    shown = short_params({"rollout.decoding.ead.tau_max": 1.2541928796033428, "rollout.decoding.ead.d0": "54.16654330531939",
-                          "learner.steps": "30", "a.seed": 3, "b.seed": "x", "model.path": "None"})
+    shown = short_params(
+        {
+            "rollout.decoding.ead.tau_max": 1.2541928796033428,
+            "rollout.decoding.ead.d0": "54.16654330531939",
+            "learner.steps": "30",
+            "a.seed": 3,
+            "b.seed": "x",
+            "model.path": "None",
+        }
+    )
     assert shown == {"tau_max": "1.25", "d0": "54.2", "steps": "30", "a.seed": "3", "b.seed": "x", "path": "None"}
 
 
@@ -405,8 +534,9 @@ def test_report_of_the_sweep(finished_sweep):
     (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
     written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     assert {"report.md", "report.html", "validation.png"} <= set(written)
-    assert {"report/report.html", "report/report.md"} <= {a.path for a in tracker.client.list_artifacts(
-        parent.info.run_id, "report")}
+    assert {"report/report.html", "report/report.md"} <= {
+        a.path for a in tracker.client.list_artifacts(parent.info.run_id, "report")
+    }
     assert parent.data.metrics["sweep/report_s"] > 0
     assert report.main([str(finished_sweep / "asha")]) == 0
     assert all((folder / name).stat().st_mtime_ns >= mtime for name, mtime in written.items())
@@ -435,8 +565,10 @@ def test_a_moved_storage_folder_opens_every_artifact_from_its_new_place(finished
 
     from orchestrator.tracking import open_store
 
-    original = {r.info.run_id: r.info.artifact_uri for r in MlflowClient(default_tracking_uri(str(finished_sweep)))
-                .search_runs([tracker_id(finished_sweep)])}
+    original = {
+        r.info.run_id: r.info.artifact_uri
+        for r in MlflowClient(default_tracking_uri(str(finished_sweep))).search_runs([tracker_id(finished_sweep)])
+    }
     first, moved = tmp_path / "first", tmp_path / "elsewhere" / "runs"
     shutil.copytree(finished_sweep, first)
     assert report.main([str(first / "asha")]) == 0
@@ -449,20 +581,30 @@ def test_a_moved_storage_folder_opens_every_artifact_from_its_new_place(finished
     for run in runs:  # every artifact of every run, listed and read through MLflow, as the files under `moved`
         for path in artifact_files(client, run.info.run_id):
             local = client.download_artifacts(run.info.run_id, path, str(tmp_path / "download" / run.info.run_id))
-            assert Path(local).read_bytes() == (moved / "mlartifacts" / run.info.run_id / "artifacts" / path).read_bytes()
+            assert (
+                Path(local).read_bytes() == (moved / "mlartifacts" / run.info.run_id / "artifacts" / path).read_bytes()
+            )
     assert sum(len(artifact_files(client, r.info.run_id)) for r in runs) >= 10
     assert report.main([str(moved / "asha")]) == 0 and not first.exists()  # the report writes into the new place
-    assert all(v.source.startswith((moved / "mlartifacts").as_uri()) for v in client.search_model_versions()
-               if v.source.startswith("file://"))
+    assert all(
+        v.source.startswith((moved / "mlartifacts").as_uri())
+        for v in client.search_model_versions()
+        if v.source.startswith("file://")
+    )
     # The original, still where it was, still points at itself.
-    assert {r.info.run_id: r.info.artifact_uri for r in MlflowClient(default_tracking_uri(str(finished_sweep)))
-            .search_runs([tracker_id(finished_sweep)])} == original
+    assert {
+        r.info.run_id: r.info.artifact_uri
+        for r in MlflowClient(default_tracking_uri(str(finished_sweep))).search_runs([tracker_id(finished_sweep)])
+    } == original
 
     # The command the sweep prints, on the moved folder: the UI serves the parent run's report.
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
-    ui = subprocess.Popen([sys.executable, "-m", "orchestrator.ui", str(moved), "--port", str(free_port)],
-                          env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.ui", str(moved), "--port", str(free_port)],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{free_port}/get-artifact?path=report/report.md&run_uuid={parent.info.run_id}"
         deadline = time.time() + 90
@@ -522,14 +664,20 @@ def test_the_named_sampler_is_the_one_that_proposes():
     assert isinstance(sweep.make_sampler(search), optuna.samplers.RandomSampler)
 
 
-@pytest.mark.parametrize("confirm, expected", [
-    ("{seeds: 3, max_seeds: 2}", "max_seeds must be >= seeds"),
-    ("{seeds: 1}", "one pair measures no seed spread"),
-    ("{seeds: 3, margin: -0.1}", "search: confirm.margin: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    "confirm, expected",
+    [
+        ("{seeds: 3, max_seeds: 2}", "max_seeds must be >= seeds"),
+        ("{seeds: 1}", "one pair measures no seed spread"),
+        ("{seeds: 3, margin: -0.1}", "search: confirm.margin: Input should be greater than 0"),
+    ],
+)
 def test_bad_confirmation_is_one_line(tmp_path, confirm, expected):
-    spec = spec_with(tmp_path, f"search: {{confirm: {confirm}, points_to_evaluate: [{{learner.lr: 0.001}}], "
-                               f"space: {{learner.lr: {{uniform: [0.0001, 0.01]}}}}}}\n")
+    spec = spec_with(
+        tmp_path,
+        f"search: {{confirm: {confirm}, points_to_evaluate: [{{learner.lr: 0.001}}], "
+        f"space: {{learner.lr: {{uniform: [0.0001, 0.01]}}}}}}\n",
+    )
     with pytest.raises(SpecError) as info:
         load_sweep_spec(spec)
     assert len(str(info.value).splitlines()) == 1 and expected in str(info.value), str(info.value)
@@ -552,8 +700,14 @@ def test_a_configuration_is_pruned_only_where_the_scheduler_said_so(tmp_path):
     scheduler = IntervalRungs([10], record_to=str(tmp_path))
     scheduler.set_search_properties("val/accuracy", "max")
     rung = {"progress/step": 10, "progress/val_step": 10}
-    assert scheduler.decide("a", {**rung, "seeds/0/val/accuracy": 0.50, "seeds/1/val/accuracy": 0.52}) == TrialScheduler.CONTINUE
-    assert scheduler.decide("b", {**rung, "seeds/0/val/accuracy": 0.10, "seeds/1/val/accuracy": 0.11}) == TrialScheduler.STOP
+    assert (
+        scheduler.decide("a", {**rung, "seeds/0/val/accuracy": 0.50, "seeds/1/val/accuracy": 0.52})
+        == TrialScheduler.CONTINUE
+    )
+    assert (
+        scheduler.decide("b", {**rung, "seeds/0/val/accuracy": 0.10, "seeds/1/val/accuracy": 0.11})
+        == TrialScheduler.STOP
+    )
     assert pruned_at(str(tmp_path), "b") == 10 and pruned_at(str(tmp_path), "a") is None
     # Why, in numbers: b's upper bound 0.105 + t(0.975, 2) x 0.0112 / sqrt(2) against a's lower bound.
     step, why = pruned_record(str(tmp_path), "b")
@@ -577,8 +731,7 @@ def test_asha_records_its_stops_but_not_a_trial_that_reached_the_horizon(tmp_pat
 
     from orchestrator.scheduler import RecordedASHA, pruned_at, pruned_record
 
-    asha = RecordedASHA(time_attr="progress/step", max_t=5, grace_period=2, reduction_factor=2,
-                        record_to=str(tmp_path))
+    asha = RecordedASHA(time_attr="progress/step", max_t=5, grace_period=2, reduction_factor=2, record_to=str(tmp_path))
     asha.set_search_properties("val/accuracy", "max")
     trials = [SimpleNamespace(trial_id=name) for name in "abc"]
     for trial in trials:
@@ -596,8 +749,11 @@ def test_a_sweeps_seeds_print_no_step_lines_unless_the_spec_asks():
     from orchestrator.seeds import seed_configs
     from trainables.config import TrialConfig
 
-    for base, expected in (({}, 0), ({"logging": {"tracking_uri": "sqlite:///x.db"}}, 0),
-                           ({"logging": {"progress_every": 5}}, 5)):
+    for base, expected in (
+        ({}, 0),
+        ({"logging": {"tracking_uri": "sqlite:///x.db"}}, 0),
+        ({"logging": {"progress_every": 5}}, 5),
+    ):
         cfgs = seed_configs(base, {"learner.lr": 0.001}, "c1", "runs", 2)
         assert [c.logging.progress_every for c in cfgs] == [expected, expected] and cfgs[1].seed == 1
     assert TrialConfig().logging.progress_every == 1  # one trial, `train`: a line a step

@@ -81,8 +81,9 @@ def test_the_trials_view_is_a_view_saved_in_the_experiment(tmp_path):
     assert tracker.trials_view("ead", "val/accuracy", ["lr"]) is None  # no call made to find the experiment
     parent = tracker.client.create_run(tracker.experiment_id, tags={"kind": "sweep", "sweep": "ead"}).info.run_id
     for sweep in ("ead", "ead", "other"):
-        run = tracker.client.create_run(tracker.experiment_id, tags={"kind": "trial", "sweep": sweep,
-                                                                     "mlflow.parentRunId": parent})
+        run = tracker.client.create_run(
+            tracker.experiment_id, tags={"kind": "trial", "sweep": sweep, "mlflow.parentRunId": parent}
+        )
         for key in ("val/accuracy", "val/accuracy_se", "policy/entropy", "timing/step"):
             tracker.client.log_metric(run.info.run_id, key, 0.5, step=1)
     url = urllib.parse.urlsplit(tracker.trials_view("ead", "val/accuracy", ["lr"]))
@@ -90,8 +91,9 @@ def test_the_trials_view_is_a_view_saved_in_the_experiment(tmp_path):
     assert path == f"/experiments/{tracker.experiment_id}/runs"
     params = dict(urllib.parse.parse_qsl(query))
     assert params["compareRunsMode"] == "CHART"
-    saved = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[
-        view.TAG_PREFIX + params["viewStateShareKey"]])
+    saved = json.loads(
+        tracker.client.get_experiment(tracker.experiment_id).tags[view.TAG_PREFIX + params["viewStateShareKey"]]
+    )
     assert saved["name"] == "sweep ead"
     state = json.loads(saved["state"])
     assert len(tracker.client.search_runs([tracker.experiment_id], state["searchFilter"])) == 2
@@ -99,8 +101,10 @@ def test_the_trials_view_is_a_view_saved_in_the_experiment(tmp_path):
     assert [c["metricKey"] for c in state["compareRunCharts"]] == ["val/accuracy", "val/accuracy_se", "policy/entropy"]
     assert [s["display"] for s in state["compareRunSections"]] == [True, False, False, False, False]
     assert [s["name"] for s in state["compareRunSections"][1:]] == ["policy", "timing", "val", "System metrics"]
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "config"},
-                                               {"mode": "tag", "groupByData": "stage"}]
+    assert state["groupBy"]["groupByKeys"] == [
+        {"mode": "tag", "groupByData": "config"},
+        {"mode": "tag", "groupByData": "stage"},
+    ]
     assert state["selectedColumns"][:2] == ["metrics.`val/accuracy`", "params.`lr`"]
     assert state["runsHiddenMode"] == "SHOW_ALL"
 
@@ -108,8 +112,7 @@ def test_the_trials_view_is_a_view_saved_in_the_experiment(tmp_path):
 def test_unflatten_nests_one_section_of_flattened_params_again():
     from orchestrator.tracking import flatten, unflatten
 
-    spec = {"rollout": {"decoding": {"schedule": "ead", "ead": {"tau_max": 1.2, "d0": 25.0}}, "top_p": 0.9},
-            "seed": 3}
+    spec = {"rollout": {"decoding": {"schedule": "ead", "ead": {"tau_max": 1.2, "d0": 25.0}}, "top_p": 0.9}, "seed": 3}
     assert unflatten(flatten(spec), "rollout.decoding.") == spec["rollout"]["decoding"]
     assert unflatten(flatten(spec), "learner.") == {}
 
@@ -128,7 +131,9 @@ def test_a_moved_store_points_at_its_new_folder_and_nothing_else(tmp_path):
     tracker.client.log_artifact(run_id, str(tmp_path / "note.txt"))
     tracker.client.create_registered_model("m")
     tracker.client.create_model_version("m", f"{tracker.client.get_run(run_id).info.artifact_uri}/note.txt", run_id)
-    other = tracker.client.create_experiment("other", artifact_location=(tmp_path / "a" / "runs2" / "mlartifacts").as_uri())
+    other = tracker.client.create_experiment(
+        "other", artifact_location=(tmp_path / "a" / "runs2" / "mlartifacts").as_uri()
+    )
     assert rebase(old / "mlflow.db") == 0  # nothing moved
     shutil.move(old, new)
 
@@ -138,7 +143,9 @@ def test_a_moved_store_points_at_its_new_folder_and_nothing_else(tmp_path):
     assert client.get_experiment_by_name("rlvr-explore").artifact_location == root
     assert client.get_model_version("m", "1").source.startswith(root + "/")
     assert client.get_run(run_id).data.tags["run_path"] == f"{new}/t1"  # a --resume here finds the trial's run
-    assert client.download_artifacts(run_id, "note.txt", str(tmp_path)) and (tmp_path / "note.txt").read_text() == "kept"
+    assert (
+        client.download_artifacts(run_id, "note.txt", str(tmp_path)) and (tmp_path / "note.txt").read_text() == "kept"
+    )
     # "other" was given a folder of its own (which shares the old root's prefix): it keeps it. A second
     # open changes nothing.
     assert client.get_experiment(other).artifact_location == (tmp_path / "a" / "runs2" / "mlartifacts").as_uri()

@@ -40,8 +40,10 @@ def gain_lower_bound(final: dict[str, float]) -> tuple[float, float]:
 def math500_copy_of_validation(cfg, path, overlong: bool = False):
     """The built-in validation split in MATH-500's layout, each gold answer written as "42.0": equal to
     the model's "42" only under math-verify; `overlong`: led by a question of 400,000 characters."""
-    rows = [{"problem": p.question, "answer": f"{p.answer}.0", "unique_id": p.uid}
-            for p in builtin_validation(cfg.task, cfg.task_seed)]
+    rows = [
+        {"problem": p.question, "answer": f"{p.answer}.0", "unique_id": p.uid}
+        for p in builtin_validation(cfg.task, cfg.task_seed)
+    ]
     if overlong:
         rows.insert(0, {"problem": "1 + " * 100_000 + "1 = ?", "answer": "100001", "unique_id": "overlong"})
     path.write_text("\n".join(json.dumps(row) for row in rows))
@@ -59,23 +61,38 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
     measured (0.10 to 0.19 on three CPUs) sit two to four bounds' widths above 0, a broken learner (sign
     flipped, collapsed, idle) at or below 0.
     """
-    cfg = load_trial_spec("search_spaces/ead.yaml", [
-        f"storage={tmp_path}", f"learner.steps={STEPS}", f"validation.every={STEPS}",
-        "validation.samples=4", "task.train_size=200", "task.val_size=200", "validation.num_prompts=200",
-        f"rollout.overlap={overlap}",
-    ])
+    cfg = load_trial_spec(
+        "search_spaces/ead.yaml",
+        [
+            f"storage={tmp_path}",
+            f"learner.steps={STEPS}",
+            f"validation.every={STEPS}",
+            "validation.samples=4",
+            "task.train_size=200",
+            "task.val_size=200",
+            "validation.num_prompts=200",
+            f"rollout.overlap={overlap}",
+        ],
+    )
     copy = math500_copy_of_validation(cfg, tmp_path / "math500.jsonl")
     cfg.validation.benchmarks = {"arithmetic": None, "math500": str(copy)}
     final = train.run(cfg)
     gain, low = gain_lower_bound(final)
-    print(f"val/accuracy {final['val/accuracy_base']:.3f} -> {final['val/accuracy']:.3f}: gain {gain:+.3f}, "
-          f"one-sided 95% bound {low:+.3f}")
-    assert low > 0, f"val/accuracy {final['val/accuracy_base']:.3f} -> {final['val/accuracy']:.3f}: gain {gain:+.3f}, 95% bound {low:+.3f}"
+    print(
+        f"val/accuracy {final['val/accuracy_base']:.3f} -> {final['val/accuracy']:.3f}: gain {gain:+.3f}, "
+        f"one-sided 95% bound {low:+.3f}"
+    )
+    assert low > 0, (
+        f"val/accuracy {final['val/accuracy_base']:.3f} -> {final['val/accuracy']:.3f}: "
+        f"gain {gain:+.3f}, 95% bound {low:+.3f}"
+    )
     # The in-training validation is orchestrator.evaluate's table: every metric of the spec, consistent.
     assert set(cfg.validation.metric_names()) <= set(final)
     for bench in ("arithmetic", "math500", "macro"):
-        row = {key: final[f"val/{bench}/{key}"] for key in ("avg_at_4", "pass_at_1", "pass_at_2", "pass_at_4",
-                                                             "maj_at_4", "worst_at_4")}
+        row = {
+            key: final[f"val/{bench}/{key}"]
+            for key in ("avg_at_4", "pass_at_1", "pass_at_2", "pass_at_4", "maj_at_4", "worst_at_4")
+        }
         assert row["pass_at_1"] == pytest.approx(row["avg_at_4"])  # n = k: the estimator is the mean
         assert row["worst_at_4"] <= row["avg_at_4"] <= row["pass_at_2"] <= row["pass_at_4"]
         assert 0 < row["maj_at_4"] <= row["pass_at_4"]
@@ -96,16 +113,26 @@ def test_grpo_with_ead_improves_held_out_accuracy(ray_cluster, tiny_model_path, 
     assert base[0] == 0 and curve[0] == base and [s for s, _ in curve][-1] == STEPS
 
 
-OGER_METRICS = ("oger/divergence_mean", "oger/last_token_entropy_mean", "oger/exploration_mean",
-                "oger/exploration_max", "offline/replaced", "offline/accuracy", "rollout/accuracy_online_kept",
-                "policy/offpolicy_token_share", "timing/encoder", "offline/advantage_mean")
+OGER_METRICS = (
+    "oger/divergence_mean",
+    "oger/last_token_entropy_mean",
+    "oger/exploration_mean",
+    "oger/exploration_max",
+    "offline/replaced",
+    "offline/accuracy",
+    "rollout/accuracy_online_kept",
+    "policy/offpolicy_token_share",
+    "timing/encoder",
+    "offline/advantage_mean",
+)
 
 
 @pytest.mark.slow
 def test_oger_trial_runs_and_records_its_metrics(ray_cluster, tiny_model_path, tmp_path):
     steps = 3
-    cfg = load_trial_spec("search_spaces/oger.yaml", [f"storage={tmp_path}", f"learner.steps={steps}",
-                                                      "validation.every=0"])
+    cfg = load_trial_spec(
+        "search_spaces/oger.yaml", [f"storage={tmp_path}", f"learner.steps={steps}", "validation.every=0"]
+    )
     final = train.run(cfg)
     assert final["offline/replaced"] == cfg.learner.prompts_per_step * cfg.algorithm.replacement_density
     assert 0 < final["policy/offpolicy_token_share"] < 1
@@ -126,10 +153,19 @@ def test_ead_decay_follows_rl_steps_with_two_minibatches(ray_cluster, tiny_model
     each benchmark its own k (avg@2 on one, avg@1 on the other), a problem past the context skipped; the
     learner runs micro-batches sized by tokens with gradient checkpointing, and reports their padding."""
     steps = 3
-    cfg = load_trial_spec("search_spaces/ead.yaml", [
-        f"storage={tmp_path}", f"learner.steps={steps}", "learner.minibatches=2", f"validation.every={steps}",
-        "validation.num_prompts=8", "validation.samples=2", "learner.max_tokens_per_micro_batch=400",
-        "learner.gradient_checkpointing=true"])
+    cfg = load_trial_spec(
+        "search_spaces/ead.yaml",
+        [
+            f"storage={tmp_path}",
+            f"learner.steps={steps}",
+            "learner.minibatches=2",
+            f"validation.every={steps}",
+            "validation.num_prompts=8",
+            "validation.samples=2",
+            "learner.max_tokens_per_micro_batch=400",
+            "learner.gradient_checkpointing=true",
+        ],
+    )
     copy = math500_copy_of_validation(cfg, tmp_path / "m.jsonl", overlong=True)  # skipped: it never reaches an engine
     cfg.validation.benchmarks = {"arithmetic": None, "math500": str(copy)}
     cfg.validation.samples_by_benchmark = {"math500": 1}
@@ -138,8 +174,12 @@ def test_ead_decay_follows_rl_steps_with_two_minibatches(ray_cluster, tiny_model
     tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     d0 = cfg.rollout.decoding.ead.d0
-    assert sorted(tracker.metric_history(run.info.run_id, "rollout/ead_decay")) == [(s, d0 + 5 * s) for s in range(1, steps + 1)]
-    assert final["val/accuracy"] == pytest.approx((final["val/arithmetic/avg_at_2"] + final["val/math500/avg_at_1"]) / 2)
+    assert sorted(tracker.metric_history(run.info.run_id, "rollout/ead_decay")) == [
+        (s, d0 + 5 * s) for s in range(1, steps + 1)
+    ]
+    assert final["val/accuracy"] == pytest.approx(
+        (final["val/arithmetic/avg_at_2"] + final["val/math500/avg_at_1"]) / 2
+    )
     assert "val/math500/avg_at_2" not in final and "val/macro/pass_at_1" in final
     assert set(cfg.validation.metric_names()) <= set(final)
     pads = [v for _, v in tracker.metric_history(run.info.run_id, "learner/pad_fraction")]

@@ -36,11 +36,23 @@ def cfg(tmp_path, **fields) -> TrialConfig:
 
 def test_the_key_ignores_what_a_sweep_varies_and_follows_what_decides_the_validation(tmp_path, model_dir):
     key = base_key(cfg(tmp_path), model_dir, 1)
-    for same in ({"rollout__decoding__ead__tau_max": 1.5}, {"algorithm__entropy_coef": 0.01},
-                 {"learner__lr": 3e-4}, {"learner__steps": 90}, {"name": "other"}, {"storage": "/elsewhere"}):
+    for same in (
+        {"rollout__decoding__ead__tau_max": 1.5},
+        {"algorithm__entropy_coef": 0.01},
+        {"learner__lr": 3e-4},
+        {"learner__steps": 90},
+        {"name": "other"},
+        {"storage": "/elsewhere"},
+    ):
         assert base_key(cfg(tmp_path, **same), model_dir, 1) == key, same
-    for other in ({"seed": 1}, {"validation__num_prompts": 32}, {"validation__decoding__temperature": 0.7},
-                  {"rollout__max_new_tokens": 32}, {"task__val_size": 65}, {"model__dtype": "bfloat16"}):
+    for other in (
+        {"seed": 1},
+        {"validation__num_prompts": 32},
+        {"validation__decoding__temperature": 0.7},
+        {"rollout__max_new_tokens": 32},
+        {"task__val_size": 65},
+        {"model__dtype": "bfloat16"},
+    ):
         assert base_key(cfg(tmp_path, **other), model_dir, 1) != key, other
     assert base_key(cfg(tmp_path), model_dir, 2) != key  # ranks shard and seed the validation
     os.utime(model_dir / "model.safetensors", ns=(1, 1))  # new weights under the same path
@@ -57,8 +69,18 @@ def test_a_benchmark_file_edited_in_place_is_a_new_key(tmp_path, model_dir):
     assert base_key(spec, model_dir, 1) != key
 
 
-@pytest.mark.parametrize("text", ["not json", "[1, 2]", "{}", '{"val/accuracy": "0.5"}', '{"val/accuracy": NaN}',
-                                  '{"val/accuracy": true}', '{"val/accuracy": 1e999}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        "{}",
+        '{"val/accuracy": "0.5"}',
+        '{"val/accuracy": NaN}',
+        '{"val/accuracy": true}',
+        '{"val/accuracy": 1e999}',
+    ],
+)
 def test_a_cache_file_that_is_not_metrics_is_ignored(tmp_path, text):
     path = tmp_path / "x.json"
     path.write_text(text)
@@ -75,8 +97,10 @@ def test_computed_once_then_reused_and_concurrent_askers_wait(tmp_path, model_di
         return {"val/accuracy": 0.25, "val/accuracy_se": 0.02}
 
     results = []
-    threads = [threading.Thread(target=lambda: results.append(cached_base(validate, spec, model_dir, rank=0, world=1)))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(cached_base(validate, spec, model_dir, rank=0, world=1)))
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -86,5 +110,8 @@ def test_computed_once_then_reused_and_concurrent_askers_wait(tmp_path, model_di
     path = next((tmp_path / "cache" / "validations").glob("*.json"))
     assert json.loads(path.read_text()) == {"val/accuracy": 0.25, "val/accuracy_se": 0.02}
     path.write_text("{broken")  # a damaged file is computed again and replaced
-    assert cached_base(validate, spec, model_dir, rank=0, world=1) == ({"val/accuracy": 0.25, "val/accuracy_se": 0.02}, False)
+    assert cached_base(validate, spec, model_dir, rank=0, world=1) == (
+        {"val/accuracy": 0.25, "val/accuracy_se": 0.02},
+        False,
+    )
     assert len(calls) == 2

@@ -34,11 +34,17 @@ def test_verifier_cases(response, gold, reason):
     assert verify_response(response, gold) == Verdict(1.0 if reason == "correct" else 0.0, reason)
 
 
-@pytest.mark.parametrize("garbage", [
-    "<think>x</think>\\boxed{\\frac{", "<think>x</think>\\boxed{{{{}", "<think></think>\\boxed{\\sqrt[}{}^^}",
-    "<think>x</think>\\boxed{1/0}", "<think>x</think>\\boxed{\\begin{pmatrix}1&\\end{}}",
-    "<think>x</think>\\boxed{" + "(" * 500,
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "<think>x</think>\\boxed{\\frac{",
+        "<think>x</think>\\boxed{{{{}",
+        "<think></think>\\boxed{\\sqrt[}{}^^}",
+        "<think>x</think>\\boxed{1/0}",
+        "<think>x</think>\\boxed{\\begin{pmatrix}1&\\end{}}",
+        "<think>x</think>\\boxed{" + "(" * 500,
+    ],
+)
 def test_garbage_never_raises(garbage):
     verdict = verify_response(garbage, "7")
     assert verdict.reward == 0.0 and verdict.reason in ("parse_error", "wrong")
@@ -76,8 +82,12 @@ def test_main_thread_uses_timeouts_other_threads_none():
 
 def test_verifier_works_off_the_main_thread():
     # signal.alarm raises ValueError off the main thread unless both timeouts are None.
-    cases = [("<think>a</think>\\boxed{5}", "5"), ("<think>a</think>\\boxed{3/4}", "0.75"),
-             ("<think>a</think>\\boxed{6}", "5"), ("<think>a</think>\\boxed{\\frac{", "5")]
+    cases = [
+        ("<think>a</think>\\boxed{5}", "5"),
+        ("<think>a</think>\\boxed{3/4}", "0.75"),
+        ("<think>a</think>\\boxed{6}", "5"),
+        ("<think>a</think>\\boxed{\\frac{", "5"),
+    ]
     results, errors = [], []
 
     def work():
@@ -111,8 +121,9 @@ def test_verifier_actor_keeps_math_verify_timeouts(ray_cluster):
 
     verifier = start_verifier()
     assert ray_cluster.get(verifier.health.remote())["timeouts"]  # methods on the main thread
-    rewards, reasons = ray_cluster.get(verifier.score.remote(
-        ["<think>2+2</think> \\boxed{4}", "<think>x</think> \\boxed{5}"], ["4", "4"]))
+    rewards, reasons = ray_cluster.get(
+        verifier.score.remote(["<think>2+2</think> \\boxed{4}", "<think>x</think> \\boxed{5}"], ["4", "4"])
+    )
     assert rewards == [1.0, 0.0] and reasons["correct"] == 1 and reasons["wrong"] == 1
     ray_cluster.kill(verifier)
 

@@ -12,8 +12,19 @@ import torch
 import torch.multiprocessing as mp
 
 from trainables.rollout.push import GlooPush, IpcPush, NcclPush, ObjectStorePush, weight_push
-from trainables.rollout.weight_sync import (ALIGN, TensorMeta, WeightGroupError, describe, gloo_group, pack,
-                                            Weights, plan_buckets, receive_buckets, send_buckets, unpack)
+from trainables.rollout.weight_sync import (
+    ALIGN,
+    TensorMeta,
+    WeightGroupError,
+    Weights,
+    describe,
+    gloo_group,
+    pack,
+    plan_buckets,
+    receive_buckets,
+    send_buckets,
+    unpack,
+)
 
 
 def mixed_state() -> dict[str, torch.Tensor]:

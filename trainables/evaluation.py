@@ -118,7 +118,7 @@ def _box_content(text: str, open_brace: int) -> str | None:
         elif text[position] == "}":
             depth -= 1
             if depth == 0:
-                return text[open_brace + 1:position]
+                return text[open_brace + 1 : position]
     return None
 
 
@@ -147,8 +147,7 @@ def extract_answer(response: str, answer_format: str = "think") -> str | None:
 @functools.lru_cache(maxsize=_PARSE_CACHE_SIZE)
 def _parsed(answer: str, limit: int | None) -> tuple:
     """math-verify's parse of `$answer$`; the limit is in the key since it depends on the thread."""
-    return tuple(parse(f"${answer}$", extraction_config=_ANSWER_CONFIG, parsing_timeout=limit,
-                       raise_on_error=True))
+    return tuple(parse(f"${answer}$", extraction_config=_ANSWER_CONFIG, parsing_timeout=limit, raise_on_error=True))
 
 
 def answers_equal(a: str, b: str) -> bool:
@@ -166,16 +165,18 @@ def answers_equal(a: str, b: str) -> bool:
     try:
         gold, prediction = _parsed(a, limit), _parsed(b, limit)
         # verify(gold, prediction): math-verify is not symmetric.
-        return bool(gold and prediction) and verify(list(gold), list(prediction), timeout_seconds=limit,
-                                                    raise_on_error=True)
+        return bool(gold and prediction) and verify(
+            list(gold), list(prediction), timeout_seconds=limit, raise_on_error=True
+        )
     except (TimeoutException, TimeoutError):  # TimeoutException is a BaseException: name it
         return False
     except Exception:  # noqa: BLE001 - the boundary with untrusted model text: sympy can fail in any way
         return False
 
 
-def judge(texts: Sequence[str], gold: str, multiple_choice: bool,
-          answer_format: str = "think") -> tuple[list[bool], list[str | None]]:
+def judge(
+    texts: Sequence[str], gold: str, multiple_choice: bool, answer_format: str = "think"
+) -> tuple[list[bool], list[str | None]]:
     """Each sample's correctness and extracted answer. In the trained format a math answer is right
     when its verifiable reward is 1 (think block, box, math-verify); otherwise the extracted answer
     must equal the gold one under math-verify (multiple choice: the letter, as text)."""
@@ -211,12 +212,18 @@ def majority_answer(answers: Sequence[str | None], equal: Equal = answers_equal)
     return representatives[votes.index(max(votes))]  # index() finds the first maximum: the earliest group
 
 
-def majority_at_n(answers_per_problem: Sequence[Sequence[str | None]], golds: Sequence[str],
-                  n: int | None = None, equal: Equal = answers_equal) -> float:
+def majority_at_n(
+    answers_per_problem: Sequence[Sequence[str | None]],
+    golds: Sequence[str],
+    n: int | None = None,
+    equal: Equal = answers_equal,
+) -> float:
     """Majority@N = (1/P) sum_p [maj(answers_p[:N]) == gold_p]; N = all samples when None."""
     if len(answers_per_problem) != len(golds) or not golds:
-        raise ValueError(f"answers_per_problem has {len(answers_per_problem)} problems but golds has "
-                         f"{len(golds)}; pass one gold answer per problem (and at least one problem)")
+        raise ValueError(
+            f"answers_per_problem has {len(answers_per_problem)} problems but golds has "
+            f"{len(golds)}; pass one gold answer per problem (and at least one problem)"
+        )
     fewest = min(len(answers) for answers in answers_per_problem)
     if n is not None and not 1 <= n <= fewest:
         raise ValueError(f"n must be in [1, {fewest}] (the fewest samples of any problem), got n={n}")
@@ -245,8 +252,11 @@ def macro_row(rows: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     return {key: macro_average({name: row[key] for name, row in rows.items()}) for key in keys}
 
 
-def summarize(correct_per_problem: Sequence[Sequence[bool]],
-              answers_per_problem: Sequence[Sequence[str | None]], golds: Sequence[str]) -> dict[str, float]:
+def summarize(
+    correct_per_problem: Sequence[Sequence[bool]],
+    answers_per_problem: Sequence[Sequence[str | None]],
+    golds: Sequence[str],
+) -> dict[str, float]:
     """One benchmark's table row: avg@k, pass@j and maj@j for j = 1, 2, 4, ... (powers of two <= k, and k),
     worst@k.
 
@@ -256,13 +266,18 @@ def summarize(correct_per_problem: Sequence[Sequence[bool]],
     """
     _check_problems(correct_per_problem)
     if [len(c) for c in correct_per_problem] != [len(a) for a in answers_per_problem]:
-        raise ValueError("correct_per_problem and answers_per_problem differ in shape; pass one verdict "
-                         "per sampled answer, problem by problem")
+        raise ValueError(
+            "correct_per_problem and answers_per_problem differ in shape; pass one verdict "
+            "per sampled answer, problem by problem"
+        )
     k = min(len(samples) for samples in correct_per_problem)
     row = {f"avg@{k}": avg_at_k([samples[:k] for samples in correct_per_problem])}
     for key in summary_keys(k)[1:-1]:
         name, n = key.split("@")
-        row[key] = (mean_pass_at_k(correct_per_problem, int(n)) if name == "pass"
-                    else majority_at_n(answers_per_problem, golds, int(n)))
+        row[key] = (
+            mean_pass_at_k(correct_per_problem, int(n))
+            if name == "pass"
+            else majority_at_n(answers_per_problem, golds, int(n))
+        )
     row[f"worst@{k}"] = mean_worst_at_k(correct_per_problem, k)
     return row

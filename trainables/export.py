@@ -24,14 +24,17 @@ def export_policy(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
 
     allow_deepspeed_records()
     base = checkpoint_model_path(checkpoint_dir)
-    state = load_engine(lambda folder: get_fp32_state_dict_from_zero_checkpoint(str(folder), tag="engine"),
-                        checkpoint_dir)
+    state = load_engine(
+        lambda folder: get_fp32_state_dict_from_zero_checkpoint(str(folder), tag="engine"), checkpoint_dir
+    )
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
     if missing or unexpected:
-        raise ValueError(f"checkpoint {checkpoint_dir} does not match its base model {base}: "
-                         f"missing={missing[:3]} unexpected={unexpected[:3]}")
+        raise ValueError(
+            f"checkpoint {checkpoint_dir} does not match its base model {base}: "
+            f"missing={missing[:3]} unexpected={unexpected[:3]}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

@@ -23,9 +23,10 @@ import pyarrow.fs
 import ray
 
 from trainables.runtime import resume
-from trainables.runtime.seed_reports import group_report
 from trainables.runtime.notices import TRAINING, Notices, WorkerTerminating, arm_sigterm_notice, stop_asked
+from trainables.runtime.seed_reports import group_report
 from trainables.trial import Trial, TrialInputs
+
 
 class TrialGroup:
     """The seeds of one Ray Train run on this rank; `run()` steps them together."""
@@ -48,8 +49,9 @@ class TrialGroup:
 
     def restore(self) -> None:
         """Continue every seed from the latest intact checkpoint; a corrupt latest one falls back to an older one."""
-        states = resume.restore([(t.part, t.learner) for t in self.trials], self.rank, self.world, self.name,
-                                trust=self.trust_unsealed)
+        states = resume.restore(
+            [(t.part, t.learner) for t in self.trials], self.rank, self.world, self.name, trust=self.trust_unsealed
+        )
         for trial, state in zip(self.trials, states or [], strict=False):
             trial.load_state(state)
         self.start_step = self.trials[0].start_step
@@ -88,8 +90,9 @@ class TrialGroup:
         a notice came; a SIGTERM'd process then leaves (Ray Train restarts the ranks from it), a drain
         lets training go on until Ray Train moves the ranks at its deadline."""
         cfg = self.cfg
-        stop = not last and stop_asked(self.rank, self.stop_file, cfg.checkpoint.save_by, self.last_step_seconds,
-                                       self.save_seconds)
+        stop = not last and stop_asked(
+            self.rank, self.stop_file, cfg.checkpoint.save_by, self.last_step_seconds, self.save_seconds
+        )
         notice = None if last or stop else self.notices.new()
         reported = [trial.reported(m, stop) for trial, m in zip(self.trials, metrics, strict=True)]
         start, saved = time.perf_counter(), {}
@@ -101,8 +104,9 @@ class TrialGroup:
             if notice:
                 self.say(f"{notice}: checkpointed after step {step + 1}")
                 if self.notices.terminating:
-                    raise WorkerTerminating(f"trial {self.name}: {notice}; restarting from the checkpoint "
-                                            f"after step {step + 1}")
+                    raise WorkerTerminating(
+                        f"trial {self.name}: {notice}; restarting from the checkpoint after step {step + 1}"
+                    )
         elif (step + 1) % cfg.logging.report_every == 0 or validated:
             ray.train.report(group_report(reported))
         else:

@@ -22,12 +22,12 @@ from transformers import AutoModelForCausalLM
 
 from trainables.algo.advantages import group_advantages
 from trainables.algo.batching import pad_tokens, split_to, token_budget_groups
-from trainables.runtime.checkpoint import allow_deepspeed_records
-from trainables.config import TrialConfig
 from trainables.algo.logprobs import token_logprobs
 from trainables.algo.losses import STAT_KEYS, entropy_from_logits, policy_objective, tis_weights
+from trainables.config import TrialConfig
 from trainables.rollout.types import RolloutBatch
 from trainables.rollout.weight_sync import TensorMeta
+from trainables.runtime.checkpoint import allow_deepspeed_records
 
 
 @dataclass
@@ -46,9 +46,10 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
     def rows(self, index: slice) -> TrainBatch:
-        return TrainBatch(*(t[index] for t in (self.input_ids, self.attention_mask, self.response_mask,
-                                                 self.behaviour_logp)),
-                          None if self.temperature is None else self.temperature[index])
+        return TrainBatch(
+            *(t[index] for t in (self.input_ids, self.attention_mask, self.response_mask, self.behaviour_logp)),
+            None if self.temperature is None else self.temperature[index],
+        )
 
 
 @dataclass
@@ -95,8 +96,9 @@ def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(response_mask, cols, -1).max(dim=1).values.clamp(min=0)
 
 
-def last_token_entropy(entropy: torch.Tensor, response_mask: torch.Tensor, finished: torch.Tensor,
-                       where: str) -> torch.Tensor:
+def last_token_entropy(
+    entropy: torch.Tensor, response_mask: torch.Tensor, finished: torch.Tensor, where: str
+) -> torch.Tensor:
     """OGER eq. 6 input: H at each row's last position. entropy [B, T], mask bool[B, T], finished bool[B].
 
     where="eos": the position that emitted the final token (EOS when finished), the paper's literal
@@ -132,32 +134,58 @@ def deepspeed_config(cfg: TrialConfig, world_size: int, micro_batches: int, bf16
         "zero_optimization": {"stage": lr.zero_stage},
         "bf16": {"enabled": bf16},
         # torch's AdamW: DeepSpeed's default FusedAdam JIT-compiles for minutes on a CPU.
-        "optimizer": {"type": "AdamW", "params": {"lr": lr.lr, "weight_decay": lr.weight_decay,
-                                                  "torch_adam": True}},
+        "optimizer": {"type": "AdamW", "params": {"lr": lr.lr, "weight_decay": lr.weight_decay, "torch_adam": True}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
     if lr.warmup_steps:
-        config["scheduler"] = {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr.lr, "warmup_num_steps": lr.warmup_steps,
-            "warmup_type": "linear"}}
+        config["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": lr.lr,
+                "warmup_num_steps": lr.warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
     return config
 
 
-def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                      temperature: torch.Tensor | None, *, chunk_tokens: int | None,
-                      entropy: str, min_chunks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def response_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: torch.Tensor | None,
+    *,
+    chunk_tokens: int | None,
+    entropy: str,
+    min_chunks: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A causal LM's (log pi(y_t) [B, T], H_t [B, T]) for input_ids long[B, T + 1] at mask bool[B, T]: the
     decoder, then the head one chunk of positions at a time (`trainables.algo.logprobs`), or with chunk_tokens
     None the straightforward pass, logits [B, T, V] in fp32. H is zeros for entropy "none"."""
     if chunk_tokens is not None:
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                     use_cache=False).last_hidden_state[:, :-1]  # [B, T, H]
-        logp, ent = token_logprobs(model.get_output_embeddings(), hidden, input_ids[:, 1:], mask, temperature,
-                                   chunk_tokens=chunk_tokens, entropy=entropy, min_chunks=min_chunks)
+        hidden = model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state[:, :-1]  # [B, T, H]
+        logp, ent = token_logprobs(
+            model.get_output_embeddings(),
+            hidden,
+            input_ids[:, 1:],
+            mask,
+            temperature,
+            chunk_tokens=chunk_tokens,
+            entropy=entropy,
+            min_chunks=min_chunks,
+        )
         return logp, torch.zeros_like(logp) if ent is None else ent
-    logits = type(model).forward(model, input_ids=input_ids, attention_mask=attention_mask,
-                                 use_cache=False).logits[:, :-1].float()  # [B, T, V]
+    logits = (
+        type(model)
+        .forward(model, input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        .logits[:, :-1]
+        .float()
+    )  # [B, T, V]
     if temperature is not None:
         logits = logits / temperature[..., None]
     logp = logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T]
@@ -185,7 +213,8 @@ class Learner:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.micro_batches = math.ceil(cfg.sequences_per_minibatch / cfg.learner.micro_batch_size)
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, world_size, self.micro_batches, bf16),
         )
         module = self.engine.module
@@ -209,9 +238,15 @@ class Learner:
         temperature = None if batch.temperature is None else batch.temperature[:, cols].to(self.device)
         forward = model if model is self.engine else functools.partial(response_logprobs, model)
         mask = batch.response_mask[:, cols]
-        logp, ent = forward(batch.input_ids[:, :width].to(self.device), batch.attention_mask[:, :width].to(self.device),
-                            mask.to(self.device), temperature, chunk_tokens=self.cfg.learner.logits_chunk_tokens,
-                            entropy=entropy, min_chunks=self._head_calls(mask, model))
+        logp, ent = forward(
+            batch.input_ids[:, :width].to(self.device),
+            batch.attention_mask[:, :width].to(self.device),
+            mask.to(self.device),
+            temperature,
+            chunk_tokens=self.cfg.learner.logits_chunk_tokens,
+            entropy=entropy,
+            min_chunks=self._head_calls(mask, model),
+        )
         pad = (0, batch.response_mask.shape[1] - (width - 1))
         return F.pad(logp, pad), None if entropy == "none" else F.pad(ent, pad)
 
@@ -259,8 +294,13 @@ class Learner:
         the update's own forward pass gives them (`rl_update` with logp_old None), one pass fewer."""
         return self.cfg.learner.minibatches == 1
 
-    def rl_update(self, batch: TrainBatch, grouped: torch.Tensor, logp_old: torch.Tensor | None,
-                  offpolicy: torch.Tensor | None = None) -> RLUpdate:
+    def rl_update(
+        self,
+        batch: TrainBatch,
+        grouped: torch.Tensor,
+        logp_old: torch.Tensor | None,
+        offpolicy: torch.Tensor | None = None,
+    ) -> RLUpdate:
         """The RL step after the rewards: group advantages of the rewards grouped [P, N] (the batch's rows
         in order), TIS weights [B, T] of the old log-probs over the behaviour's, then `update`. With
         logp_old None (only where `fuses_old_pass`) each micro-batch's update pass gives its old
@@ -272,12 +312,19 @@ class Learner:
                 raise ValueError("the old log-probs come from the update's pass only with one optimizer step")
             tis = torch.zeros(batch.response_mask.shape)  # [B, T], each micro-batch's filled in by `update`
         else:
-            tis = tis_weights(logp_old, batch.behaviour_logp, ro.tis_cap, mask=batch.response_mask,
-                              level=ro.tis_level)  # [B, T]
+            tis = tis_weights(
+                logp_old, batch.behaviour_logp, ro.tis_cap, mask=batch.response_mask, level=ro.tis_level
+            )  # [B, T]
         return RLUpdate(advantages, tis, self.update(batch, advantages, logp_old, tis, offpolicy))
 
-    def update(self, batch: TrainBatch, advantages: torch.Tensor, logp_old: torch.Tensor | None,
-               tis: torch.Tensor, offpolicy: torch.Tensor | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch: TrainBatch,
+        advantages: torch.Tensor,
+        logp_old: torch.Tensor | None,
+        tis: torch.Tensor,
+        offpolicy: torch.Tensor | None = None,
+    ) -> dict[str, float]:
         """`minibatches` optimizer steps over the rank's batch; advantages [B], tis [B, T] (logp_old None:
         both from each micro-batch's own pass, written into `tis`; see `rl_update`).
 
@@ -303,8 +350,11 @@ class Learner:
                 totals = {key: totals[key] + stats[key].double() for key in STAT_KEYS}
         sums = dict(zip((f"{key}_sum" for key in STAT_KEYS), torch.stack(list(totals.values())).tolist()))
         sums |= {"pad_sum": float(padding[0]), "padded_sum": float(padding[1])}
-        sums |= {"grad_norm": float(self.engine.get_global_grad_norm() or 0.0),  # the last optimizer step's
-                 "tokens": float(batch.response_mask.sum()), "lr": float(self.engine.get_lr()[0])}
+        sums |= {
+            "grad_norm": float(self.engine.get_global_grad_norm() or 0.0),  # the last optimizer step's
+            "tokens": float(batch.response_mask.sum()),
+            "lr": float(self.engine.get_lr()[0]),
+        }
         return sums
 
     def _normalisers(self, mask: torch.Tensor) -> dict[str, float]:
@@ -331,16 +381,31 @@ class Learner:
             with torch.no_grad():
                 logp_ref, _ = self._forward(self.reference, micro, "none")
         return policy_objective(
-            logp, old, on(advantages), weights, on(offpolicy), mask,
-            entropy=entropy, logp_ref=logp_ref, clip_low=algo.clip_low, clip_high=algo.clip_high,
-            dual_clip=algo.dual_clip, shaping_gamma=algo.shaping_gamma, entropy_coef=algo.entropy_coef,
-            kl_coef=algo.kl_coef, loss_agg=algo.loss_agg, **norm)
+            logp,
+            old,
+            on(advantages),
+            weights,
+            on(offpolicy),
+            mask,
+            entropy=entropy,
+            logp_ref=logp_ref,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip,
+            shaping_gamma=algo.shaping_gamma,
+            entropy_coef=algo.entropy_coef,
+            kl_coef=algo.kl_coef,
+            loss_agg=algo.loss_agg,
+            **norm,
+        )
 
     def weight_metas(self) -> list[TensorMeta]:
         """Name, whole shape and dtype of each tensor the engines load (the module's state dict, in its
         order), read without gathering anything: a ZeRO-3 parameter knows its whole shape."""
-        return [TensorMeta(name, tuple(getattr(t, "ds_shape", t.shape)), t.dtype)
-                for name, t in self.engine.module.state_dict(keep_vars=True).items()]
+        return [
+            TensorMeta(name, tuple(getattr(t, "ds_shape", t.shape)), t.dtype)
+            for name, t in self.engine.module.state_dict(keep_vars=True).items()
+        ]
 
     @contextlib.contextmanager
     def gathered(self, names: list[str], device: str | torch.device | None = None):

@@ -66,11 +66,17 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: dict) -> ModelShape:
-        return cls(config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"],
-                   config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"]),
-                   config["vocab_size"], bool(config.get("tie_word_embeddings", False)),
-                   attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
-                   head_dim=config.get("head_dim"))
+        return cls(
+            config["hidden_size"],
+            config["num_hidden_layers"],
+            config["intermediate_size"],
+            config["num_attention_heads"],
+            config.get("num_key_value_heads", config["num_attention_heads"]),
+            config["vocab_size"],
+            bool(config.get("tie_word_embeddings", False)),
+            attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
+            head_dim=config.get("head_dim"),
+        )
 
     @property
     def kv_width(self) -> int:
@@ -130,9 +136,19 @@ class LearnerMemory:
         return self.states + self.phases[self.peak_phase] + self.reserve
 
 
-def learner_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, world: int, tokens: int,
-                   gradient_checkpointing: bool, chunk_tokens: int, entropy: str = "value", push: float = 0.0,
-                   gpu: bool = True) -> LearnerMemory:
+def learner_memory(
+    shape: ModelShape,
+    *,
+    dtype_bytes: int,
+    zero_stage: int,
+    world: int,
+    tokens: int,
+    gradient_checkpointing: bool,
+    chunk_tokens: int,
+    entropy: str = "value",
+    push: float = 0.0,
+    gpu: bool = True,
+) -> LearnerMemory:
     """Peak bytes of one learner rank at its largest micro-batch of `tokens` (rows x longest row), in the
     steady state (the optimizer's states exist from the first step on). `entropy`: how the learner's
     pass computes it (`trainables.algo.logprobs.ENTROPY_MODES`); `push`: `weight_push_memory`'s bytes; `gpu`:
@@ -163,13 +179,21 @@ def learner_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, worl
     reduced = REDUCE_BUCKET if gpu else min(REDUCE_BUCKET, p)
     buckets = (reduced * b if zero_stage >= 1 else 0) + (min(MAX_LIVE_PARAMETERS, p) * b if zero_stage == 3 else 0)
     return LearnerMemory(
-        weights=shard(p * b, 3), gradients=shard(p * b, 2), optimizer=optimizer, activations=activations,
-        logits=logits, step=step, push=push, reserve=(CONTEXT_GIB * GIB if gpu else 0) + buckets,
-        buckets=buckets)
+        weights=shard(p * b, 3),
+        gradients=shard(p * b, 2),
+        optimizer=optimizer,
+        activations=activations,
+        logits=logits,
+        step=step,
+        push=push,
+        reserve=(CONTEXT_GIB * GIB if gpu else 0) + buckets,
+        buckets=buckets,
+    )
 
 
-def weight_push_memory(shape: ModelShape, *, dtype_bytes: int, zero_stage: int, bucket_bytes: int,
-                       buffers: int) -> float:
+def weight_push_memory(
+    shape: ModelShape, *, dtype_bytes: int, zero_stage: int, bucket_bytes: int, buffers: int
+) -> float:
     """What a weight push holds on a learner rank beyond its states (`trainables.rollout.push`): it goes a
     bucket at a time, so under ZeRO-3 one gathered bucket, and `buffers` bucket-sized buffers of the
     transfer in the rank's own memory (its packing or copy). A tensor larger than a bucket is a bucket."""
@@ -195,9 +219,21 @@ class EngineMemory:
         return max(0, int(self.kv_room // self.kv_per_sequence))
 
 
-def engine_memory(shape: ModelShape, *, dtype_bytes: int, tensor_parallel: int, gpu_gb: float,
-                  utilization: float, max_len: int, sequences: int) -> EngineMemory:
+def engine_memory(
+    shape: ModelShape,
+    *,
+    dtype_bytes: int,
+    tensor_parallel: int,
+    gpu_gb: float,
+    utilization: float,
+    max_len: int,
+    sequences: int,
+) -> EngineMemory:
     """One vLLM engine over `tensor_parallel` GPUs of `gpu_gb` each."""
     kv = 2 * shape.layers * shape.kv_width * dtype_bytes * max_len / tensor_parallel
-    return EngineMemory(budget=utilization * card_bytes(gpu_gb)[0], weights=shape.params * dtype_bytes / tensor_parallel,
-                        kv_per_sequence=kv, sequences=sequences)
+    return EngineMemory(
+        budget=utilization * card_bytes(gpu_gb)[0],
+        weights=shape.params * dtype_bytes / tensor_parallel,
+        kv_per_sequence=kv,
+        sequences=sequences,
+    )

@@ -25,7 +25,7 @@ METRICS: dict[str, str] = {
     "rollout/verify_<reason>": "rollouts per verdict: correct, wrong, no_think, no_boxed, parse_error, timeout",
     "rollout/ead_decay": "EAD: the step's decay d_s = min(d0 + 5 s, 40000)",
     "rollout/policy_lag": "optimizer steps between the policy that generated the batch and the one it updates "
-                          "(0; with rollout.overlap 1 one step's, from the second step)",
+    "(0; with rollout.overlap 1 one step's, from the second step)",
     "rollout/accuracy_online_kept": "luffy, oger*: accuracy of the online members that stayed in their groups",
     # The update.
     "policy/entropy": "mean token entropy of the policy on the trained responses",
@@ -46,7 +46,7 @@ METRICS: dict[str, str] = {
     "offline/trajectories": "luffy, oger*, once: teacher trajectories in the offline store",
     "offline/prompts": "luffy, oger*, once: prompts that have at least one",
     "offline/<teacher>/<count>": "luffy, oger*, once, per teacher (the OGER paper's Table 1): read, valid, "
-                                 "mean_tokens, mean_tokens_read, accuracy_before_filter",
+    "mean_tokens, mean_tokens_read, accuracy_before_filter",
     "offline/skipped/<skip>": "luffy, oger*, once: rows left out of the store, per reason",
     "offline/verifier/<reason>": "luffy, oger*, once: the teachers' verdicts",
     "oger/divergence_mean": "oger*: mean divergence D of the online members that stayed (eq. 5)",
@@ -58,12 +58,12 @@ METRICS: dict[str, str] = {
     "val/accuracy_se": "its standard error over problems and samples",
     "val/response_length": "mean response tokens on the validation benchmarks",
     "val/<benchmark>/<metric>": "avg_at_k, pass_at_j, maj_at_j, worst_at_k, response_length of one benchmark "
-                                "(`macro`: over several)",
+    "(`macro`: over several)",
     "<val>_base": "any val/* of the policy before training, logged once at step 0, where each val/* curve also "
-                  "starts (computed once per identical setting and machine, reused from `<cache_dir>/validations`)",
+    "starts (computed once per identical setting and machine, reused from `<cache_dir>/validations`)",
     # Time, seconds of rank 0.
     "timing/<phase>": "seconds of a phase of the step: generate, score, old_logprob, offline, update, sync, "
-                      "validate, report, checkpoint, and the whole step",
+    "validate, report, checkpoint, and the whole step",
     "timing/tokens_per_s": "response tokens of the step per second of the step",
     "timing/encoder": "oger*: the encoder actor's busy seconds in the step, every rank's texts",
     "timing/startup": "at the first step: the driver's start to the first step",
@@ -86,8 +86,18 @@ METRICS: dict[str, str] = {
 # What a placeholder stands for: one of these, or None: any path component ("..." : any name).
 PLACEHOLDERS: dict[str, tuple[str, ...] | str | None] = {
     "reason": REASONS,
-    "phase": ("generate", "score", "old_logprob", "offline", "update", "sync", "validate", "report", "checkpoint",
-              "step"),
+    "phase": (
+        "generate",
+        "score",
+        "old_logprob",
+        "offline",
+        "update",
+        "sync",
+        "validate",
+        "report",
+        "checkpoint",
+        "step",
+    ),
     "stage": ("ray", "worker_imports", "train_setup", "data", "learner", "restore_and_sync"),  # in order
     "statistic": ("mean", "ci_low", "ci_high"),
     "count": ("read", "valid", "mean_tokens", "mean_tokens_read", "accuracy_before_filter"),
@@ -123,12 +133,16 @@ def documented(metric: str) -> str | None:
 
 
 # Metrics only some trials log: the prefix, and what the trial needs for it (`unlogged`).
-CONDITIONAL = (("offline/", "an algorithm with teacher trajectories (luffy, oger*)", lambda t: t.preset.uses_offline),
-               ("rollout/accuracy_online_kept", "an algorithm with teacher trajectories (luffy, oger*)",
-                lambda t: t.preset.uses_offline),
-               ("oger/", "an algorithm with embeddings (oger, oger_no_refinement)",
-                lambda t: t.preset.needs_embeddings),
-               ("rollout/ead_decay", "rollout.decoding.schedule: ead", lambda t: t.rollout.decoding.schedule == "ead"))
+CONDITIONAL = (
+    ("offline/", "an algorithm with teacher trajectories (luffy, oger*)", lambda t: t.preset.uses_offline),
+    (
+        "rollout/accuracy_online_kept",
+        "an algorithm with teacher trajectories (luffy, oger*)",
+        lambda t: t.preset.uses_offline,
+    ),
+    ("oger/", "an algorithm with embeddings (oger, oger_no_refinement)", lambda t: t.preset.needs_embeddings),
+    ("rollout/ead_decay", "rollout.decoding.schedule: ead", lambda t: t.rollout.decoding.schedule == "ead"),
+)
 
 
 def unlogged(metric: str, trial) -> str | None:
@@ -138,17 +152,30 @@ def unlogged(metric: str, trial) -> str | None:
         if not metric.startswith("val/") or metric.endswith("_base"):
             return "not a step metric of a trial (trainables/metrics.py lists them)"
     if metric.startswith("val/") and metric not in (names := trial.validation.metric_names()):
-        return (f"not a validation metric of this spec; with validation.samples={trial.validation.samples} "
-                f"they are {', '.join(names)}")
-    return next((f"logged only with {needs}" for prefix, needs, logs in CONDITIONAL
-                 if metric.startswith(prefix) and not logs(trial)), None)
+        return (
+            f"not a validation metric of this spec; with validation.samples={trial.validation.samples} "
+            f"they are {', '.join(names)}"
+        )
+    return next(
+        (
+            f"logged only with {needs}"
+            for prefix, needs, logs in CONDITIONAL
+            if metric.startswith(prefix) and not logs(trial)
+        ),
+        None,
+    )
 
 
 def summary_keys(k: int) -> list[str]:
     """The keys of `summarize`'s row for k samples per problem, in table order."""
-    powers = [2 ** i for i in range(k.bit_length())]  # 1, 2, 4, ... <= k
-    return [f"avg@{k}", *(f"pass@{j}" for j in powers), *(f"maj@{j}" for j in powers if j < k), f"maj@{k}",
-            f"worst@{k}"]
+    powers = [2**i for i in range(k.bit_length())]  # 1, 2, 4, ... <= k
+    return [
+        f"avg@{k}",
+        *(f"pass@{j}" for j in powers),
+        *(f"maj@{j}" for j in powers if j < k),
+        f"maj@{k}",
+        f"worst@{k}",
+    ]
 
 
 def metric_key(key: str) -> str:

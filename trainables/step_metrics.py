@@ -11,9 +11,9 @@ from contextlib import contextmanager
 import torch
 
 from trainables.algo.advantages import zero_std_fraction
-from trainables.runtime.errors import NonFiniteError
 from trainables.names import REASONS
 from trainables.rollout.types import RolloutBatch
+from trainables.runtime.errors import NonFiniteError
 
 WATCHED = ("policy/grad_norm", "policy/entropy", "policy/kl", "rollout/reward_mean")  # finite at every step
 
@@ -30,14 +30,23 @@ def check_finite(metrics: dict[str, float], last_finite: dict[str, float], where
     """The step's watched metrics, rounded, if all are finite (the next step's `last_finite`); else a
     NonFiniteError naming the step, what broke and the last finite step's values."""
     if bad := sorted(k for k in WATCHED if not math.isfinite(metrics[k])):
-        raise NonFiniteError(f"{where}: {', '.join(bad)} not finite; the last finite step's: "
-                             f"{last_finite or 'none (the first step)'}; lower learner.lr or check the data")
+        raise NonFiniteError(
+            f"{where}: {', '.join(bad)} not finite; the last finite step's: "
+            f"{last_finite or 'none (the first step)'}; lower learner.lr or check the data"
+        )
     return {k: round(metrics[k], 6) for k in ("progress/step", *WATCHED)}
 
 
-def rank_sums(rollouts: RolloutBatch, mask: torch.Tensor, rewards: torch.Tensor, grouped: torch.Tensor,
-              reasons: dict[str, int], tis: torch.Tensor, stats: dict[str, float],
-              tis_cap: float | None) -> dict[str, float]:
+def rank_sums(
+    rollouts: RolloutBatch,
+    mask: torch.Tensor,
+    rewards: torch.Tensor,
+    grouped: torch.Tensor,
+    reasons: dict[str, int],
+    tis: torch.Tensor,
+    stats: dict[str, float],
+    tis_cap: float | None,
+) -> dict[str, float]:
     """One rank's sums of a step. rollouts: the online batch; mask: bool[B, T] response tokens of the
     trained batch; rewards [B]; grouped [P, N]; tis [B, T]; stats: the learner update's."""
     capped = (tis >= tis_cap) if tis_cap else torch.zeros_like(mask)
@@ -60,8 +69,16 @@ def tis_max(tis: torch.Tensor, mask: torch.Tensor) -> float:
     return float(tis[mask].max()) if mask.any() else 1.0
 
 
-def step_metrics(s: dict[str, float], weight_max: float, stats: dict[str, float], timings: dict[str, float], *,
-                 step: int, optimizer_step: int, service_losses: int) -> dict[str, float]:
+def step_metrics(
+    s: dict[str, float],
+    weight_max: float,
+    stats: dict[str, float],
+    timings: dict[str, float],
+    *,
+    step: int,
+    optimizer_step: int,
+    service_losses: int,
+) -> dict[str, float]:
     """rollout/*, policy/*, tis/*, timing/*, progress/* of a step from the sums `s` over ranks; timings:
     rank 0's own phases (they add up to its step, which the sync barrier aligns with every rank's)."""
     tokens = max(s["tokens"], 1.0)
@@ -101,9 +118,11 @@ def offline_metrics(s: dict[str, float], exploration_max: float, embeddings: boo
     }
     if embeddings:
         scored = max(s["oger_scored"], 1.0)
-        out |= {"timing/encoder": s["encoder_seconds"],  # the encoder actor's busy time, every rank's texts
-                "oger/divergence_mean": s["oger_divergence"] / scored,
-                "oger/last_token_entropy_mean": s["oger_entropy"] / scored,
-                "oger/exploration_mean": s["oger_exploration"] / scored,
-                "oger/exploration_max": exploration_max}
+        out |= {
+            "timing/encoder": s["encoder_seconds"],  # the encoder actor's busy time, every rank's texts
+            "oger/divergence_mean": s["oger_divergence"] / scored,
+            "oger/last_token_entropy_mean": s["oger_entropy"] / scored,
+            "oger/exploration_mean": s["oger_exploration"] / scored,
+            "oger/exploration_max": exploration_max,
+        }
     return out

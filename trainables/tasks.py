@@ -33,8 +33,9 @@ def builtin_validation(task_cfg: TaskConfig, seed: int) -> list[BenchmarkProblem
     return as_benchmark(load_task(task_cfg, seed)[1])
 
 
-def load_benchmarks(files: Mapping[str, str | None], task_cfg: TaskConfig, seed: int,
-                    limit: int | None = None) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
+def load_benchmarks(
+    files: Mapping[str, str | None], task_cfg: TaskConfig, seed: int, limit: int | None = None
+) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
     """{name: its first `limit` problems} for {name: file} (`arithmetic`: the built-in split, no file),
     and the rows skipped in each file (its reasons counted)."""
     builtin = builtin_validation(task_cfg, seed) if BUILTIN in files else []
@@ -59,8 +60,13 @@ def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem], score=
     """The trial's teacher trajectories: the built-in teachers on the train split, then any files,
     filtered by the policy-token cap and the verifier `score` (`trainables.data.offline`)."""
     off = cfg.offline
-    rows = builtin_rows(train, teachers=off.teachers, seed=cfg.task_seed, wrong_rate=off.wrong_rate,
-                        overlong_rate=off.overlong_rate) if off.teachers else []
+    rows = (
+        builtin_rows(
+            train, teachers=off.teachers, seed=cfg.task_seed, wrong_rate=off.wrong_rate, overlong_rate=off.overlong_rate
+        )
+        if off.teachers
+        else []
+    )
     skipped: Counter = Counter()
     for source in off.files:
         file_rows, file_skipped = read_rows(source.path, source.columns)
@@ -73,8 +79,7 @@ def load_offline_store(cfg: TrialConfig, tokenizer, train: list[Problem], score=
     def count_tokens(text: str) -> int:  # with the EOS the learner appends
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
 
-    return build_store(rows, count_tokens=count_tokens, max_tokens=cfg.offline_max_tokens, score=score,
-                       skipped=skipped)
+    return build_store(rows, count_tokens=count_tokens, max_tokens=cfg.offline_max_tokens, score=score, skipped=skipped)
 
 
 def used_teachers(rows: list[dict], names: list[str], skipped: Counter) -> tuple[list[dict], Counter]:
@@ -83,7 +88,9 @@ def used_teachers(rows: list[dict], names: list[str], skipped: Counter) -> tuple
     present = {str(row.get("teacher", "")).strip() for row in rows if isinstance(row, dict)}
     missing = sorted(set(names) - present)
     if missing:
-        raise ValueError(f"offline.teachers_used names {missing}, which wrote no trajectory here; the teachers "
-                         f"present are {sorted(present)}")
+        raise ValueError(
+            f"offline.teachers_used names {missing}, which wrote no trajectory here; the teachers "
+            f"present are {sorted(present)}"
+        )
     kept = [row for row in rows if isinstance(row, dict) and str(row.get("teacher", "")).strip() in names]
     return kept, skipped + Counter({"teacher_unused": len(rows) - len(kept)})

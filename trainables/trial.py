@@ -23,23 +23,23 @@ import ray
 import torch
 from ray.train.torch import get_device
 
-from trainables.runtime import calls, resume
+from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.config import VAL_STEP, TrialConfig
 from trainables.data.arithmetic import Problem
 from trainables.data.benchmarks import BUILTIN
-from trainables.tasks import load_benchmarks, train_problems, within_context
 from trainables.data.offline import OfflineStore
-from trainables.algo.hybrid import HybridGroups, mix_teachers, teacher_response
 from trainables.learner import Learner, align_columns, build_train_batch, last_token_entropy
+from trainables.rollout.client import RolloutClient, Shared
+from trainables.rollout.ead import ead_decay, tau_table
+from trainables.rollout.feed import SeedRollouts
+from trainables.rollout.types import RolloutBatch, SamplingSpec
+from trainables.runtime import calls, resume
 from trainables.runtime.checkpoint import rng_state, set_rng_state
 from trainables.runtime.errors import TrialError
 from trainables.runtime.ranks import reduce_max, reduce_sums
-from trainables.rollout.client import RolloutClient, Shared
-from trainables.rollout.feed import SeedRollouts
-from trainables.rollout.ead import ead_decay, tau_table
-from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, timed, tis_max
 from trainables.runtime.trial_log import TrialLog, startup_breakdown
+from trainables.step_metrics import check_finite, offline_metrics, rank_sums, step_metrics, timed, tis_max
+from trainables.tasks import load_benchmarks, train_problems, within_context
 from trainables.validation import Validation
 from trainables.validation_cache import cached_base
 
@@ -68,8 +68,10 @@ def trial_problems(cfg: TrialConfig, tokenizer, model_path: str, rank: int) -> t
         train_set, overlong = within_context(train_set, tokenizer, cfg.prompt, budget)
         say_skipped("training prompts", Counter(overlong=overlong))
         if not train_set:
-            raise TrialError(f"trial {cfg.name}: every training prompt is longer than the policy's context "
-                             f"({positions} positions less rollout.max_new_tokens {cfg.rollout.max_new_tokens})")
+            raise TrialError(
+                f"trial {cfg.name}: every training prompt is longer than the policy's context "
+                f"({positions} positions less rollout.max_new_tokens {cfg.rollout.max_new_tokens})"
+            )
     sets, skipped = load_benchmarks(cfg.validation.benchmarks, cfg.task, cfg.task_seed, cfg.validation.num_prompts)
     for name, problems in sets.items():
         if name != BUILTIN:
@@ -142,14 +144,25 @@ class Trial:
         self.startup_marks["data"] = time.time()
         self.learner = Learner(model_path, cfg, world_size=self.world, device=device)
         self.startup_marks["learner"] = time.time()
-        self.client = RolloutClient(engines, cfg.rollout, self.learner, trial=cfg.name, rank=self.rank,
-                                    timeout_s=cfg.checkpoint.actor_timeout_s, slot=slot, shared=shared,
-                                    run=inputs.run_name, pool=inputs.pool)
+        self.client = RolloutClient(
+            engines,
+            cfg.rollout,
+            self.learner,
+            trial=cfg.name,
+            rank=self.rank,
+            timeout_s=cfg.checkpoint.actor_timeout_s,
+            slot=slot,
+            shared=shared,
+            run=inputs.run_name,
+            pool=inputs.pool,
+        )
         self.feed = SeedRollouts(cfg, self.client, self.tokenizer, self.train_set, self.rank, self.world, grouped)
-        self.validate = Validation(cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank,
-                                   world=self.world)
-        self.record = TrialLog(cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank,
-                               cfg.logging.rollout_samples)
+        self.validate = Validation(
+            cfg, val_sets, self.client, verifier, self.tokenizer, rank=self.rank, world=self.world
+        )
+        self.record = TrialLog(
+            cfg.name, cfg.learner.steps, inputs.tracking_uri, inputs.run_id, self.rank, cfg.logging.rollout_samples
+        )
         self.start_step = 0
         self.base_val: dict[str, float] = {}
         self.val_history: list[tuple[int, dict[str, float]]] = []  # (RL steps done, val/*)
@@ -189,9 +202,13 @@ class Trial:
             lag = self.client.steps_behind(rollouts)  # optimizer steps behind the update
             # The encoder actor embeds the online texts while this rank scores and runs its T = 1 pass: whole
             # assistant turns (prefill + response), as the teachers' texts it compares them with.
-            embeddings = (self.embedder.embed.remote([cfg.prompt.completion(text) for text in rollouts.texts],
-                                                     [p.question for p in problems])
-                          if self.embedder is not None else None)
+            embeddings = (
+                self.embedder.embed.remote(
+                    [cfg.prompt.completion(text) for text in rollouts.texts], [p.question for p in problems]
+                )
+                if self.embedder is not None
+                else None
+            )
             with timed(t, "score"):
                 rewards, reasons = self.score(rollouts, problems)
             taus = self.logprob_taus(spec)
@@ -220,8 +237,15 @@ class Trial:
         self.last_step_rows = (problems, rollouts, rewards, offpolicy)
         mask = batch.response_mask
         sums = rank_sums(online, mask, rewards, grouped, reasons, update.tis, update.stats, cfg.rollout.tis_cap)
-        metrics = step_metrics(reduce_sums(sums), reduce_max(tis_max(update.tis, mask)), update.stats, t, step=step,
-                               optimizer_step=self.learner.optimizer_step, service_losses=self.client.losses)
+        metrics = step_metrics(
+            reduce_sums(sums),
+            reduce_max(tis_max(update.tis, mask)),
+            update.stats,
+            t,
+            step=step,
+            optimizer_step=self.learner.optimizer_step,
+            service_losses=self.client.losses,
+        )
         return metrics | schedule_metrics(cfg, spec, lag) | hybrid_metrics(cfg, mixed)
 
     def logprob_taus(self, spec: SamplingSpec) -> tuple[float, ...] | None:
@@ -245,11 +269,19 @@ class Trial:
             online_emb, offline_emb, encoder_seconds = self.call(self.embedder, embeddings, "the encoder")
             embedded = (online_emb, offline_emb)
         hybrid = mix_teachers(
-            rollouts, [p.question for p in problems], [p.answer for p in problems], rewards, last_entropy, embedded,
-            preset=cfg.preset, k=cfg.algorithm.replacement_density, store=self.store,
+            rollouts,
+            [p.question for p in problems],
+            [p.answer for p in problems],
+            rewards,
+            last_entropy,
+            embedded,
+            preset=cfg.preset,
+            k=cfg.algorithm.replacement_density,
+            store=self.store,
             score=lambda texts, answers: self.score_texts(texts, answers)[0],
-            to_response=lambda text: teacher_response(text, self.tokenizer, cfg.rollout.max_new_tokens,
-                                                      cfg.prompt.prefill),
+            to_response=lambda text: teacher_response(
+                text, self.tokenizer, cfg.rollout.max_new_tokens, cfg.prompt.prefill
+            ),
             rng=np.random.default_rng([cfg.seed, step, self.rank, 0x0E6E]),  # a function of the step: resumable
         )
         hybrid.metrics["encoder_seconds"] = encoder_seconds
@@ -264,8 +296,13 @@ class Trial:
     def checkpoint_part(self, reported: dict[str, float]) -> resume.Part:
         """What this seed adds to a checkpoint: its learner, rank 0's record, this rank's RNG streams and its
         next batch when generated ahead."""
-        state = {"base_val": self.base_val, "val_history": self.val_history, "metrics": reported,
-                 "model_path": self.model_path, "trial": self.cfg.model_dump(mode="json")}
+        state = {
+            "base_val": self.base_val,
+            "val_history": self.val_history,
+            "metrics": reported,
+            "model_path": self.model_path,
+            "trial": self.cfg.model_dump(mode="json"),
+        }
         self.feed.settle()  # the next step's batch, generated ahead from the weights before this step's update
         ahead = {"next_rollouts": asdict(self.feed.ahead[1])} if self.feed.ahead is not None else {}
         return resume.Part(self.part, self.learner, state, {"rng": self.rng, **ahead})
@@ -324,8 +361,13 @@ class Trial:
                 self.val_history.append((step + 1, self.validate(step + 1)))
             metrics.update(self.latest_val, **{"timing/validate": t["validate"]})
             self.record.artifacts(step, self.val_history, self.last_step_rows)
-        metrics.update({"timing/loop_wall": time.perf_counter() - self.loop_start, **self.record.seconds,
-                        **(self.startup if step == self.start_step else {})})
+        metrics.update(
+            {
+                "timing/loop_wall": time.perf_counter() - self.loop_start,
+                **self.record.seconds,
+                **(self.startup if step == self.start_step else {}),
+            }
+        )
         self.record.log(step, metrics)
         metrics.update(self.base_val)
         if cfg.logging.progress_every and ((step + 1) % cfg.logging.progress_every == 0 or last):

@@ -13,12 +13,12 @@ import math
 
 import numpy as np
 
-from trainables.runtime import calls
 from trainables.config import TrialConfig
-from trainables.tasks import encode_prompt
 from trainables.evaluation import avg_at_k_se, macro_row, metric_key
-from trainables.runtime.ranks import from_rank0, gather
 from trainables.rollout.client import RolloutClient
+from trainables.runtime import calls
+from trainables.runtime.ranks import from_rank0, gather
+from trainables.tasks import encode_prompt
 
 VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch (prompts x samples)
 
@@ -26,8 +26,9 @@ VALIDATION_SEQUENCES_PER_CALL = 64  # bounds one validation call's engine batch 
 class Validation:
     """val_sets: {benchmark: problems}; verifier: the trial's verifier actor."""
 
-    def __init__(self, cfg: TrialConfig, val_sets: dict, client: RolloutClient, verifier, tokenizer, *,
-                 rank: int, world: int):
+    def __init__(
+        self, cfg: TrialConfig, val_sets: dict, client: RolloutClient, verifier, tokenizer, *, rank: int, world: int
+    ):
         self.cfg, self.val_sets, self.client, self.verifier, self.tokenizer = cfg, val_sets, client, verifier, tokenizer
         self.rank, self.world = rank, world
 
@@ -57,8 +58,10 @@ class Validation:
         ends = np.cumsum([0] + [v.samples_of(name) for name, _ in mine])  # problem i's samples: ends[i]:ends[i+1]
         problems = [(texts[ends[i] : ends[i + 1]], p.answer, bool(p.choices)) for i, (_, p) in enumerate(mine)]
         verdicts = self.ask("judge", problems)
-        rows = [(name, p.uid, p.answer, correct, answers, sum(tokens[ends[i] : ends[i + 1]]))
-                for i, ((name, p), (correct, answers)) in enumerate(zip(mine, verdicts))]
+        rows = [
+            (name, p.uid, p.answer, correct, answers, sum(tokens[ends[i] : ends[i + 1]]))
+            for i, ((name, p), (correct, answers)) in enumerate(zip(mine, verdicts))
+        ]
         rows = gather(rows, self.world)
         return from_rank0(self.summarize(rows) if self.rank == 0 else None)
 
@@ -71,14 +74,19 @@ class Validation:
         for name, group in rows_by_name.items():
             _, _, golds, correct, answers, tokens = zip(*group)
             k = self.cfg.validation.samples_of(name)
-            summaries[name] = {**self.ask("summarize", correct, answers, golds),
-                               "response_length": sum(tokens) / (k * len(group))}
+            summaries[name] = {
+                **self.ask("summarize", correct, answers, golds),
+                "response_length": sum(tokens) / (k * len(group)),
+            }
             accuracy[name] = summaries[name][f"avg@{k}"]
             se[name] = avg_at_k_se([c[:k] for c in correct])
         if len(summaries) > 1:
             summaries["macro"] = macro_row(summaries)
-        metrics = {f"val/{name}/{metric_key(key)}": value for name, summary in summaries.items()
-                   for key, value in summary.items()}
+        metrics = {
+            f"val/{name}/{metric_key(key)}": value
+            for name, summary in summaries.items()
+            for key, value in summary.items()
+        }
         every = [s for name, s in summaries.items() if name != "macro"]
         metrics["val/accuracy"] = sum(accuracy.values()) / len(accuracy)
         # Its standard error, the benchmarks independent: the measurement noise in the objective.

@@ -15,8 +15,8 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import transformers
@@ -27,12 +27,32 @@ from trainables.runtime.ranks import from_rank0
 
 CACHE_VERSION = 2  # bump when validation's arithmetic or problems change (2: prompts past the context skipped)
 # Sections and fields that cannot change what the base policy's validation returns.
-UNUSED = {"name": None, "storage": None, "cache_dir": None, "algorithm": None,
-          "encoder": None, "checkpoint": None, "logging": None,
-          "rollout": {"decoding", "tis_cap", "tis_level", "group_size", "weight_transfer", "weight_bucket_mb"},
-          "learner": {"steps", "prompts_per_step", "minibatches", "micro_batch_size", "lr", "weight_decay",
-                      "warmup_steps", "grad_clip", "gradient_checkpointing", "max_tokens_per_micro_batch",
-                      "logits_chunk_tokens", "gpu_memory_gb", "cpus_per_worker", "resources"}}
+UNUSED = {
+    "name": None,
+    "storage": None,
+    "cache_dir": None,
+    "algorithm": None,
+    "encoder": None,
+    "checkpoint": None,
+    "logging": None,
+    "rollout": {"decoding", "tis_cap", "tis_level", "group_size", "weight_transfer", "weight_bucket_mb"},
+    "learner": {
+        "steps",
+        "prompts_per_step",
+        "minibatches",
+        "micro_batch_size",
+        "lr",
+        "weight_decay",
+        "warmup_steps",
+        "grad_clip",
+        "gradient_checkpointing",
+        "max_tokens_per_micro_batch",
+        "logits_chunk_tokens",
+        "gpu_memory_gb",
+        "cpus_per_worker",
+        "resources",
+    },
+}
 
 
 def base_key(cfg: TrialConfig, model_path: str | Path, world: int) -> str:
@@ -47,9 +67,15 @@ def base_key(cfg: TrialConfig, model_path: str | Path, world: int) -> str:
             spec[section] = {k: v for k, v in spec[section].items() if k not in fields}
     model = [p for p in Path(model_path).iterdir() if p.is_file()]
     data = [Path(v) for v in strings(spec) if os.path.isfile(v)]  # benchmark and prompt files, by their stats
-    identity = {"spec": spec, "files": sorted(file_stat(p) for p in model + data), "world": world,
-                "torch": torch.__version__, "transformers": transformers.__version__,
-                "cpu": torch.backends.cpu.get_cpu_capability(), "version": CACHE_VERSION}
+    identity = {
+        "spec": spec,
+        "files": sorted(file_stat(p) for p in model + data),
+        "world": world,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "version": CACHE_VERSION,
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -72,9 +98,14 @@ def read(path: Path) -> dict[str, float] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(data, dict) and data and all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        for k, v in data.items())
+    ok = (
+        isinstance(data, dict)
+        and data
+        and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for k, v in data.items()
+        )
+    )
     return {k: float(v) for k, v in data.items()} if ok else None
 
 
@@ -84,8 +115,9 @@ def write(path: Path, metrics: dict[str, float]) -> None:
     os.replace(staging, path)  # atomic: a reader sees the whole file or none
 
 
-def cached_base(validate: Callable[[int], dict[str, float]], cfg: TrialConfig, model_path: str | Path, *,
-                rank: int, world: int) -> tuple[dict[str, float], bool]:
+def cached_base(
+    validate: Callable[[int], dict[str, float]], cfg: TrialConfig, model_path: str | Path, *, rank: int, world: int
+) -> tuple[dict[str, float], bool]:
     """(the base policy's val/*, whether it came from the cache), the same on every rank. `validate` is
     the trial's `Validation` (a collective: every rank calls it or none does)."""
     folder = Path(cfg.cache_dir).expanduser() / "validations"

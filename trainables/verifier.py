@@ -29,8 +29,9 @@ class VerifierService:
         """Per problem (its samples' texts, gold answer, multiple choice): `trainables.evaluation.judge`."""
         return [judge(texts, gold, choice) for texts, gold, choice in problems]
 
-    def summarize(self, correct: Sequence[Sequence[bool]], answers: Sequence[Sequence[str | None]],
-                  golds: Sequence[str]) -> dict[str, float]:
+    def summarize(
+        self, correct: Sequence[Sequence[bool]], answers: Sequence[Sequence[str | None]], golds: Sequence[str]
+    ) -> dict[str, float]:
         """`trainables.evaluation.summarize`, here because its majority vote compares answers with math-verify."""
         return summarize(correct, answers, golds)
 
@@ -42,5 +43,8 @@ def start_verifier():
     """A math-verify actor: stateless, so Ray restarts it and retries its calls if it dies."""
     import ray
 
-    return ray.remote(VerifierService).options(num_cpus=0, max_restarts=-1, max_task_retries=-1,
-                                               scheduling_strategy="DEFAULT").remote()
+    return (
+        ray.remote(VerifierService)
+        .options(num_cpus=0, max_restarts=-1, max_task_retries=-1, scheduling_strategy="DEFAULT")
+        .remote()
+    )

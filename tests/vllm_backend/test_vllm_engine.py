@@ -51,7 +51,7 @@ def prompts(engine):
 def recompute(model, prompt: list[int], response: list[int], spec: SamplingSpec, shift: int = 0) -> torch.Tensor:
     """log p of each response token under the HF model's logits / tau_(t + shift), then top_p. [T]"""
     ids = torch.tensor([prompt + response])
-    logits = model(ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(response)].float()  # [T, V]
+    logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(response)].float()  # [T, V]
     positions = (torch.arange(len(response)) + shift).clamp(min=0)
     tau = SCHEDULES[spec.schedule](positions, spec.step, **spec.params)  # [T]
     logp = top_p_filter(logits / tau[:, None], spec.top_p).log_softmax(-1)
@@ -59,8 +59,10 @@ def recompute(model, prompt: list[int], response: list[int], spec: SamplingSpec,
 
 
 def max_error(model, batch, spec, shift=0) -> float:
-    errors = [(recompute(model, batch.prompt_of(i), r, spec, shift) - torch.tensor(lp)).abs().max().item()
-              for i, (r, lp) in enumerate(zip(batch.response_ids, batch.behaviour_logprobs))]
+    errors = [
+        (recompute(model, batch.prompt_of(i), r, spec, shift) - torch.tensor(lp)).abs().max().item()
+        for i, (r, lp) in enumerate(zip(batch.response_ids, batch.behaviour_logprobs))
+    ]
     return max(errors)
 
 
@@ -76,8 +78,14 @@ def test_processor_follows_each_request_position():
     ead = SamplingParams(extra_args={SCHEDULE_KEY: "ead", PARAMS_KEY: EAD, STEP_KEY: EAD_STEP})
     fixed = SamplingParams(extra_args={SCHEDULE_KEY: "fixed", PARAMS_KEY: {"temperature": 0.5}})
     out_a, out_b, out_c = [], [7, 7, 7, 7, 7], []
-    proc.update_state(BatchUpdate(3, removed=[], added=[(0, ead, [1], out_a), (1, ead, [1], out_b),
-                                                        (2, SamplingParams(), [1], out_c)], moved=[]))
+    proc.update_state(
+        BatchUpdate(
+            3,
+            removed=[],
+            added=[(0, ead, [1], out_a), (1, ead, [1], out_b), (2, SamplingParams(), [1], out_c)],
+            moved=[],
+        )
+    )
 
     def applied_tau() -> torch.Tensor:
         return 1.0 / proc.apply(torch.ones(3, 4))[:, 0]
@@ -97,10 +105,13 @@ def test_processor_follows_each_request_position():
     assert proc.rows.keys() == {0, 1} and applied_tau()[0].item() == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("schedule, params, step, top_p", [
-    ("ead", EAD, EAD_STEP, 1.0),
-    ("fixed", {"temperature": 0.7}, 0, 0.9),
-])
+@pytest.mark.parametrize(
+    "schedule, params, step, top_p",
+    [
+        ("ead", EAD, EAD_STEP, 1.0),
+        ("fixed", {"temperature": 0.7}, 0, 0.9),
+    ],
+)
 def test_logprobs_are_the_scheduled_distribution(engine, hf_model, prompts, schedule, params, step, top_p):
     spec = SamplingSpec(schedule=schedule, params=params, max_new_tokens=24, top_p=top_p, step=step, seed=3)
     batch = engine.generate(prompts[:3], 2, spec)
@@ -118,8 +129,7 @@ def test_rollout_batch_contract(engine, prompts):
     assert batch.n == 4 and batch.prompt_ids == prompts
     assert len(batch.response_ids) == len(batch.behaviour_logprobs) == len(batch.texts) == rows
     assert len(batch.finish_reasons) == rows and batch.weight_version == engine.weight_version
-    for ids, logp, text, reason in zip(batch.response_ids, batch.behaviour_logprobs, batch.texts,
-                                       batch.finish_reasons):
+    for ids, logp, text, reason in zip(batch.response_ids, batch.behaviour_logprobs, batch.texts, batch.finish_reasons):
         assert len(logp) == len(ids) > 0 and all(v <= 0.0 for v in logp)
         assert eos not in ids[:-1]  # nothing after an EOS
         if reason == "stop":
@@ -145,8 +155,10 @@ def test_update_weights_changes_outputs(engine, hf_model, prompts):
 
     original = {k: v.clone() for k, v in hf_model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
-    perturbed = {k: v + 0.5 * v.std().nan_to_num(0.0) * torch.randn(v.shape, generator=gen) if v.ndim > 1 else v
-                 for k, v in original.items()}
+    perturbed = {
+        k: v + 0.5 * v.std().nan_to_num(0.0) * torch.randn(v.shape, generator=gen) if v.ndim > 1 else v
+        for k, v in original.items()
+    }
     if "lm_head.weight" in perturbed and hf_model.config.tie_word_embeddings:  # one tensor, as in the model
         perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]
     assert engine.update_weights(perturbed, 7) == 7 and engine.weight_version == 7

@@ -21,10 +21,22 @@ def test_trial_trains_on_vllm_rollouts(ray_cluster, tiny_model_path, tmp_path):
     # token equals vLLM's log-prob, so every TIS weight is 1, only while vLLM holds the weights the
     # learner pushed after its last update (lr 1e-3 moves them far enough that stale ones would show;
     # a bucket lost or misplaced in the broadcast would too).
-    cfg = load_trial_spec("search_spaces/ead.yaml", [
-        f"storage={tmp_path}", "rollout.backend=vllm", f"learner.steps={STEPS}", "learner.lr=1e-3",
-        "rollout.decoding.schedule=fixed", "rollout.decoding.temperature=1.0", "validation.every=3",
-        "validation.num_prompts=16", "validation.samples=2", "rollout.weight_transfer=gloo", "rollout.weight_bucket_mb=1"])
+    cfg = load_trial_spec(
+        "search_spaces/ead.yaml",
+        [
+            f"storage={tmp_path}",
+            "rollout.backend=vllm",
+            f"learner.steps={STEPS}",
+            "learner.lr=1e-3",
+            "rollout.decoding.schedule=fixed",
+            "rollout.decoding.temperature=1.0",
+            "validation.every=3",
+            "validation.num_prompts=16",
+            "validation.samples=2",
+            "rollout.weight_transfer=gloo",
+            "rollout.weight_bucket_mb=1",
+        ],
+    )
     final = train.run(cfg)
     assert final["progress/step"] == STEPS and final["rollout/response_length"] > 0
     tracker = Tracker(default_tracking_uri(cfg.storage), cfg.logging.experiment)

@@ -12,8 +12,14 @@ import inspect
 
 import torch
 
-from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, describe, ipc_update_info, nccl_init_info,
-                                            tensor_list)
+from trainables.rollout.weight_sync import (
+    IPC_INIT_INFO,
+    NCCL_BUFFERS,
+    describe,
+    ipc_update_info,
+    nccl_init_info,
+    tensor_list,
+)
 
 
 def state() -> dict[str, torch.Tensor]:
@@ -34,7 +40,8 @@ def test_nccl_infos_are_the_ones_vllm_parses():
     # The sender's calls (weight_sync.NcclPush), bound to vLLM's signatures.
     inspect.signature(trainer_init).bind({"master_address": "h", "master_port": 1, "world_size": 5}, rank=0)
     inspect.signature(packed_nccl_broadcast_producer).bind(
-        iter(()), None, src=0, post_iter_func=lambda item: item[1], buffer_size_bytes=2**20, num_buffers=NCCL_BUFFERS)
+        iter(()), None, src=0, post_iter_func=lambda item: item[1], buffer_size_bytes=2**20, num_buffers=NCCL_BUFFERS
+    )
 
 
 def test_ipc_infos_are_the_ones_vllm_parses():
@@ -50,7 +57,13 @@ def test_the_engine_calls_exist_on_vllms_llm():
     from vllm import LLM
     from vllm.config import WeightTransferConfig
 
-    assert WeightTransferConfig(backend="nccl").backend == "nccl" and WeightTransferConfig(backend="ipc").backend == "ipc"
-    for method, args in (("init_weight_transfer_engine", ({"init_info": IPC_INIT_INFO},)), ("start_weight_update", ()),
-                         ("update_weights", ({"update_info": tensor_list(describe(state()))},)), ("finish_weight_update", ())):
+    assert (
+        WeightTransferConfig(backend="nccl").backend == "nccl" and WeightTransferConfig(backend="ipc").backend == "ipc"
+    )
+    for method, args in (
+        ("init_weight_transfer_engine", ({"init_info": IPC_INIT_INFO},)),
+        ("start_weight_update", ()),
+        ("update_weights", ({"update_info": tensor_list(describe(state()))},)),
+        ("finish_weight_update", ()),
+    ):
         inspect.signature(getattr(LLM, method)).bind(None, *args)  # None: self

@@ -37,8 +37,11 @@ class AlgorithmPreset:
 ALGORITHMS: dict[str, AlgorithmPreset] = {
     "grpo": AlgorithmPreset("none", exploration_reward=False),
     # LUFFY's reference script: grpo_use_std=False, loss_remove_clip=True, sum / 8192 (its max response length).
-    "luffy": AlgorithmPreset("fixed", exploration_reward=False, defaults={
-        "use_std": False, "clip_low": None, "clip_high": None, "loss_agg": "seq-mean-token-sum-norm"}),
+    "luffy": AlgorithmPreset(
+        "fixed",
+        exploration_reward=False,
+        defaults={"use_std": False, "clip_low": None, "clip_high": None, "loss_agg": "seq-mean-token-sum-norm"},
+    ),
     "oger": AlgorithmPreset("lowest_divergence", exploration_reward=True, refine=True),
     "oger_no_refinement": AlgorithmPreset("lowest_divergence", exploration_reward=True, refine=False),
     "oger_no_reward": AlgorithmPreset("lowest_divergence", exploration_reward=False),

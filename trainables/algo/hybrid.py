@@ -37,9 +37,16 @@ class HybridGroups:
     metrics: dict[str, float]  # per-rank sums, reduced over ranks by the caller
 
 
-def hybrid_rewards(verifiable: torch.Tensor, last_entropy: torch.Tensor, divergence: torch.Tensor | None, *,
-                   k: int, lowest_divergence: bool, exploration: bool,
-                   refine: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hybrid_rewards(
+    verifiable: torch.Tensor,
+    last_entropy: torch.Tensor,
+    divergence: torch.Tensor | None,
+    *,
+    k: int,
+    lowest_divergence: bool,
+    exploration: bool,
+    refine: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """OGER eq. 7-8 and section 3.2 over P groups of N: (rewards [P, N], R_m + R_OGER where `exploration`
     else R_m; the k replaced slots long[P, k]: the lowest-D ones with `lowest_divergence` (ties to the
     lower index), else LUFFY's last k; R_OGER [P, N]).
@@ -78,7 +85,9 @@ def teacher_response(text: str, tokenizer, max_tokens: int, prefill: str = "") -
     return (text, ids[:max_tokens], "length") if len(ids) > max_tokens else (text, ids, "stop")
 
 
-def splice(rollouts: RolloutBatch, teachers: dict[int, tuple[str, list[int], str]]) -> tuple[RolloutBatch, torch.Tensor]:
+def splice(
+    rollouts: RolloutBatch, teachers: dict[int, tuple[str, list[int], str]]
+) -> tuple[RolloutBatch, torch.Tensor]:
     """The batch with row i's response replaced by teachers[i] (text, ids, finish reason), and
     offpolicy bool[B]. Teacher tokens take no ratio and no TIS: their behaviour log-probs are unused."""
     responses, logps = list(rollouts.response_ids), list(rollouts.behaviour_logprobs)
@@ -88,14 +97,26 @@ def splice(rollouts: RolloutBatch, teachers: dict[int, tuple[str, list[int], str
         texts[row], responses[row], reasons[row] = text, ids, reason
         logps[row] = [0.0] * len(ids)
         offpolicy[row] = True
-    return replace(rollouts, response_ids=responses, behaviour_logprobs=logps, texts=texts,
-                   finish_reasons=reasons), offpolicy
+    return replace(
+        rollouts, response_ids=responses, behaviour_logprobs=logps, texts=texts, finish_reasons=reasons
+    ), offpolicy
 
 
-def mix_teachers(rollouts: RolloutBatch, keys: list[str], golds: list[str], verifiable: torch.Tensor,
-                 last_entropy: torch.Tensor, embeddings: tuple | None, *, preset: AlgorithmPreset, k: int,
-                 store: OfflineStore, score: ScoreFn, to_response: Callable[[str], tuple[str, list[int], str]],
-                 rng: np.random.Generator) -> HybridGroups:
+def mix_teachers(
+    rollouts: RolloutBatch,
+    keys: list[str],
+    golds: list[str],
+    verifiable: torch.Tensor,
+    last_entropy: torch.Tensor,
+    embeddings: tuple | None,
+    *,
+    preset: AlgorithmPreset,
+    k: int,
+    store: OfflineStore,
+    score: ScoreFn,
+    to_response: Callable[[str], tuple[str, list[int], str]],
+    rng: np.random.Generator,
+) -> HybridGroups:
     """Hybrid groups for one rank's batch. keys (the prompts' keys in `store`), golds: [P]; verifiable,
     last_entropy: [B = P * n]; embeddings: (online [B, d], {key: offline [M, d]}) when the preset needs
     them; to_response: a teacher text as a policy response (`teacher_response`)."""
@@ -107,8 +128,14 @@ def mix_teachers(rollouts: RolloutBatch, keys: list[str], golds: list[str], veri
         online_emb, offline_emb = embeddings
         d = group_divergence(online_emb, [offline_emb[key] if t else None for key, t in zip(keys, teachers)], n)
     rewards, replaced, r_oger = hybrid_rewards(
-        verifiable.view(p, n), last_entropy.view(p, n), d, k=k, refine=preset.refine,
-        lowest_divergence=preset.replacement == "lowest_divergence", exploration=preset.exploration_reward)
+        verifiable.view(p, n),
+        last_entropy.view(p, n),
+        d,
+        k=k,
+        refine=preset.refine,
+        lowest_divergence=preset.replacement == "lowest_divergence",
+        exploration=preset.exploration_reward,
+    )
     drawn = {}  # row -> the teacher response in its place
     for g in with_data.nonzero().flatten().tolist():  # one draw per group, in order: a function of the rng
         picks = rng.choice(len(teachers[g]), size=k, replace=len(teachers[g]) < k)
@@ -120,17 +147,32 @@ def mix_teachers(rollouts: RolloutBatch, keys: list[str], golds: list[str], veri
         rewards[offpolicy] = score([hybrid.texts[i] for i in rows], [golds[i // n] for i in rows])
     scored = with_data.repeat_interleave(n) & (d is not None)  # [B] online members OGER scored
     divergence_all = d.flatten() if d is not None else torch.zeros(len(rewards))
-    return HybridGroups(hybrid, rewards, offpolicy, _metric_sums(
-        offpolicy, scored & ~offpolicy, verifiable, rewards, divergence_all, r_oger.flatten(), last_entropy,
-        p - int(with_data.sum())))
+    return HybridGroups(
+        hybrid,
+        rewards,
+        offpolicy,
+        _metric_sums(
+            offpolicy,
+            scored & ~offpolicy,
+            verifiable,
+            rewards,
+            divergence_all,
+            r_oger.flatten(),
+            last_entropy,
+            p - int(with_data.sum()),
+        ),
+    )
 
 
-def _metric_sums(offpolicy, kept_scored, verifiable, rewards, divergence, exploration, last_entropy,
-                 no_offline: int) -> dict[str, float]:
+def _metric_sums(
+    offpolicy, kept_scored, verifiable, rewards, divergence, exploration, last_entropy, no_offline: int
+) -> dict[str, float]:
     """Per-rank sums over the online members that stay (OGER's) and the teacher members."""
     return {
-        "replaced": float(offpolicy.sum()), "no_offline_groups": float(no_offline),
-        "online": float((~offpolicy).sum()), "online_correct": float(verifiable[~offpolicy].sum()),
+        "replaced": float(offpolicy.sum()),
+        "no_offline_groups": float(no_offline),
+        "online": float((~offpolicy).sum()),
+        "online_correct": float(verifiable[~offpolicy].sum()),
         "offline_correct": float(rewards[offpolicy].sum()),
         "oger_scored": float(kept_scored.sum()),
         "oger_divergence": float(divergence[kept_scored].sum()),

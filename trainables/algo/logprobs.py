@@ -15,7 +15,6 @@ batch's), so the result is what the full fp32 computation gives, to float32 roun
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 
 import torch
@@ -26,8 +25,13 @@ from trainables.algo.losses import entropy_from_logits
 ENTROPY_MODES = ("none", "value", "grad")  # not computed / detached (a metric, OGER's H) / in the graph (a loss term)
 
 
-def _chunk(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-           temperature: torch.Tensor | None, entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor | None,
+    entropy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk: hidden [n, H], targets long[n], temperature [n] or None -> (logp [n], entropy [n])."""
     logits = head(hidden).float()  # [n, V]
     if temperature is not None:
@@ -41,9 +45,17 @@ def _chunk(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, t
     return logp, entropy_from_logits(logits)
 
 
-def token_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-                   mask: torch.Tensor, temperature: torch.Tensor | None = None, *, chunk_tokens: int = 1024,
-                   entropy: str = "value", min_chunks: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+    *,
+    chunk_tokens: int = 1024,
+    entropy: str = "value",
+    min_chunks: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t) = log softmax(head(h_t) / tau_t)[y_t] and H_t = -sum_v p_v log p_v at the masked positions.
 
     head: the LM head (hidden [n, H] -> logits [n, V]). hidden: [B, T, H], position t predicting

@@ -45,8 +45,14 @@ TIS_LEVELS = {"token": _token_log_weights, "sequence": _sequence_log_weights}  #
 same_names(TIS_LEVELS, names.TIS_LEVELS, "TIS levels")
 
 
-def tis_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, cap: float | None, *,
-                mask: torch.Tensor | None = None, level: str = "token") -> torch.Tensor:
+def tis_weights(
+    logp_old: torch.Tensor,
+    logp_behaviour: torch.Tensor,
+    cap: float | None,
+    *,
+    mask: torch.Tensor | None = None,
+    level: str = "token",
+) -> torch.Tensor:
     """EAD truncated importance sampling weight: w = min(exp(logp_old - logp_behaviour), C).
 
     logp_old: [B, T], log pi_old(y_t) recomputed by the learner (at its log-prob temperature).
@@ -167,9 +173,7 @@ def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class Aggregation(Protocol):
     """values [B, T], mask bool[B, T], global normalisers -> scalar micro-batch share of the loss."""
 
-    def __call__(
-        self, values: torch.Tensor, mask: torch.Tensor, *, num_tokens, num_seqs, norm_len
-    ) -> torch.Tensor: ...
+    def __call__(self, values: torch.Tensor, mask: torch.Tensor, *, num_tokens, num_seqs, norm_len) -> torch.Tensor: ...
 
 
 def token_mean(values, mask, *, num_tokens, num_seqs, norm_len):
@@ -265,8 +269,9 @@ def policy_objective(
     """
     if entropy_coef and entropy is None:
         raise ValueError("entropy_coef > 0 needs the entropy [B, T] with its graph; pass entropy=")
-    pg, clipped = ppo_token_loss(logp, logp_old, advantages, clip_low=clip_low, clip_high=clip_high,
-                                 dual_clip=dual_clip)
+    pg, clipped = ppo_token_loss(
+        logp, logp_old, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
     rows = teacher[:, None].expand_as(pg)  # bool[B, T]
     shaped = policy_shaping_loss(logp, advantages, gamma=shaping_gamma)
     pg, clipped = torch.where(rows, shaped, pg * tis), clipped & ~rows
@@ -277,6 +282,11 @@ def policy_objective(
     kl = torch.zeros_like(logp) if logp_ref is None else kl_k3(logp, logp_ref)  # [B, T]
     if logp_ref is not None:
         loss = loss + kl_coef * aggregate_loss(loss_agg, kl, mask, **norm)
-    per_token = {"pg_loss": pg, "entropy": torch.zeros_like(logp) if entropy is None else entropy,
-                 "clipped": clipped.float(), "kl": kl, "offpolicy": rows.float()}
+    per_token = {
+        "pg_loss": pg,
+        "entropy": torch.zeros_like(logp) if entropy is None else entropy,
+        "clipped": clipped.float(),
+        "kl": kl,
+        "offpolicy": rows.float(),
+    }
     return loss, {key: _masked(value.detach(), mask).sum() for key, value in per_token.items()}

@@ -96,8 +96,9 @@ def _draw(rng: random.Random, levels: Sequence[int], count: int, seen: set[str],
     return out
 
 
-def make_splits(seed: int, levels: Sequence[int], train_size: int,
-                val_size: int) -> tuple[list[Problem], list[Problem]]:
+def make_splits(
+    seed: int, levels: Sequence[int], train_size: int, val_size: int
+) -> tuple[list[Problem], list[Problem]]:
     """(train, validation): disjoint by question, deduplicated, deterministic from the seed.
 
     Each problem's level is drawn uniformly from `levels`; a level whose questions are all taken
@@ -110,9 +111,11 @@ def make_splits(seed: int, levels: Sequence[int], train_size: int,
         raise ValueError(f"train_size ({train_size}) and val_size ({val_size}) must be >= 0")
     capacity = sum(LEVEL_SPACE[lv] for lv in set(levels))
     if train_size + val_size > capacity:
-        raise ValueError(f"train_size + val_size = {train_size} + {val_size} exceeds the {capacity} distinct "
-                         f"questions of levels {sorted(set(levels))} (the max); lower task.train_size/val_size "
-                         "or add levels")
+        raise ValueError(
+            f"train_size + val_size = {train_size} + {val_size} exceeds the {capacity} distinct "
+            f"questions of levels {sorted(set(levels))} (the max); lower task.train_size/val_size "
+            "or add levels"
+        )
     rng, seen, used = random.Random(seed), set(), Counter()
     val = _draw(rng, levels, val_size, seen, used)  # validation first; train then excludes all of it
     return _draw(rng, levels, train_size, seen, used), val
@@ -131,7 +134,7 @@ class Step(NamedTuple):
 
 
 def _tokens(question: str) -> tuple[list[int], list[str]]:
-    """"7*3+4" -> ([7, 3, 4], ["*", "+"]) (questions hold no negative literals)."""
+    """ "7*3+4" -> ([7, 3, 4], ["*", "+"]) (questions hold no negative literals)."""
     nums, ops, digits = [], [], ""
     for ch in question:
         if ch in "+-*":
@@ -277,8 +280,9 @@ def _pad(text: str) -> str:
     return padded + close + rest
 
 
-def teacher_solution(name: str, problem: Problem, rng: random.Random, *, wrong_rate: float,
-                     overlong_rate: float) -> tuple[str, str]:
+def teacher_solution(
+    name: str, problem: Problem, rng: random.Random, *, wrong_rate: float, overlong_rate: float
+) -> tuple[str, str]:
     """(solution, kind): "wrong" with prob. wrong_rate, "overlong" with prob. overlong_rate, else "correct".
 
     A wrong solution states an answer off by a small nonzero amount in its reasoning's last step and
@@ -302,14 +306,28 @@ def teacher_solution(name: str, problem: Problem, rng: random.Random, *, wrong_r
     return text, "correct"
 
 
-def teacher_dataset(problems: Sequence[Problem], rng_seed: int, *, teachers: Sequence[str] = tuple(TEACHERS),
-                    wrong_rate: float = 0.05, overlong_rate: float = 0.05) -> list[dict[str, str]]:
+def teacher_dataset(
+    problems: Sequence[Problem],
+    rng_seed: int,
+    *,
+    teachers: Sequence[str] = tuple(TEACHERS),
+    wrong_rate: float = 0.05,
+    overlong_rate: float = 0.05,
+) -> list[dict[str, str]]:
     """One row per (problem, teacher): uid, question, answer, teacher, solution, kind."""
     rng = random.Random(rng_seed)
     rows = []
     for problem in problems:
         for name in teachers:
             text, kind = teacher_solution(name, problem, rng, wrong_rate=wrong_rate, overlong_rate=overlong_rate)
-            rows.append({"uid": problem.uid, "question": problem.question, "answer": problem.answer,
-                         "teacher": name, "solution": text, "kind": kind})
+            rows.append(
+                {
+                    "uid": problem.uid,
+                    "question": problem.question,
+                    "answer": problem.answer,
+                    "teacher": name,
+                    "solution": text,
+                    "kind": kind,
+                }
+            )
     return rows

@@ -159,21 +159,43 @@ class Layout:
 
 BENCHMARKS: dict[str, Layout] = {
     "aime24": Layout("HuggingFaceH4/aime_2024 (train split)", "math", "problem", ("answer",), _math_gold, "id"),
-    "aime25": Layout("opencompass/AIME2025 (aime2025-I and aime2025-II joined in one file)", "math", "question",
-                     ("answer",), _math_gold),
+    "aime25": Layout(
+        "opencompass/AIME2025 (aime2025-I and aime2025-II joined in one file)",
+        "math",
+        "question",
+        ("answer",),
+        _math_gold,
+    ),
     "amc": Layout("AI-MO/aimo-validation-amc (train split)", "math", "problem", ("answer",), _math_gold, "id"),
-    "math500": Layout("HuggingFaceH4/MATH-500 (test split)", "math", "problem", ("answer",), _math_gold,
-                      "unique_id"),
+    "math500": Layout("HuggingFaceH4/MATH-500 (test split)", "math", "problem", ("answer",), _math_gold, "unique_id"),
     "minerva": Layout("math-ai/minervamath (test split)", "math", "question", ("answer",), _math_gold),
-    "olympiadbench": Layout("Hothan/OlympiadBench (OE_TO_maths_en_COMP: English, text-only, open-ended math)",
-                            "math", "question", ("final_answer",), _first_of_list_gold, "id"),
-    "arc_challenge": Layout("allenai/ai2_arc (ARC-Challenge subset, test split)", "choice", "question",
-                            ("choices", "answerKey"), _arc_gold, "id"),
-    "gpqa_diamond": Layout("Idavidrein/gpqa (gpqa_diamond subset)", "choice", "Question",
-                           ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
-                           _gpqa_gold, "Record ID"),
-    "mmlu_pro": Layout("TIGER-Lab/MMLU-Pro (test split)", "choice", "question", ("options", "answer"),
-                       _mmlu_pro_gold, "question_id"),
+    "olympiadbench": Layout(
+        "Hothan/OlympiadBench (OE_TO_maths_en_COMP: English, text-only, open-ended math)",
+        "math",
+        "question",
+        ("final_answer",),
+        _first_of_list_gold,
+        "id",
+    ),
+    "arc_challenge": Layout(
+        "allenai/ai2_arc (ARC-Challenge subset, test split)",
+        "choice",
+        "question",
+        ("choices", "answerKey"),
+        _arc_gold,
+        "id",
+    ),
+    "gpqa_diamond": Layout(
+        "Idavidrein/gpqa (gpqa_diamond subset)",
+        "choice",
+        "Question",
+        ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
+        _gpqa_gold,
+        "Record ID",
+    ),
+    "mmlu_pro": Layout(
+        "TIGER-Lab/MMLU-Pro (test split)", "choice", "question", ("options", "answer"), _mmlu_pro_gold, "question_id"
+    ),
 }
 BENCHMARK_NAMES: tuple[str, ...] = (*BENCHMARKS, BUILTIN)  # every name a caller can ask for
 
@@ -186,8 +208,9 @@ def check_name(name: str) -> None:
 
 def _layout(name: str) -> Layout:
     if name == BUILTIN:
-        raise BenchmarkError(f"benchmark {BUILTIN!r} is built in and has no file; use builtin_validation(task_cfg, "
-                             "seed)")
+        raise BenchmarkError(
+            f"benchmark {BUILTIN!r} is built in and has no file; use builtin_validation(task_cfg, seed)"
+        )
     check_name(name)
     return BENCHMARKS[name]
 
@@ -208,8 +231,10 @@ def _read(name: str, layout: Layout, path: Path) -> list[Any]:
     found = list(dict.fromkeys(key for record in records if isinstance(record, Mapping) for key in record))
     missing = [column for column in layout.columns if column not in found]
     if missing:
-        raise BenchmarkError(f"{where} has no column {', '.join(map(repr, missing))} (columns found: {found}); "
-                             f"expected {layout.describe()}")
+        raise BenchmarkError(
+            f"{where} has no column {', '.join(map(repr, missing))} (columns found: {found}); "
+            f"expected {layout.describe()}"
+        )
     return records
 
 
@@ -238,8 +263,9 @@ def _problem(name: str, layout: Layout, record: Any, index: int, seed: int) -> B
     return BenchmarkProblem(uid, _with_options(question, choices) if choices else question, answer, choices)
 
 
-def load_benchmark(name: str, path: str | Path, *, limit: int | None = None,
-                   seed: int = 0) -> tuple[list[BenchmarkProblem], Counter]:
+def load_benchmark(
+    name: str, path: str | Path, *, limit: int | None = None, seed: int = 0
+) -> tuple[list[BenchmarkProblem], Counter]:
     """(problems, skip counts by reason) of benchmark `name` read from `path` in its public layout.
 
     limit: keep the first `limit` good problems, in file order. seed: GPQA's option shuffle.
@@ -265,8 +291,10 @@ def load_benchmark(name: str, path: str | Path, *, limit: int | None = None,
         problems.append(problem)
     if not problems:
         counts = ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items()))
-        raise BenchmarkError(f"{name} benchmark file {str(path)!r}: all {len(records)} rows were skipped ({counts}); "
-                             f"expected {layout.describe()}")
+        raise BenchmarkError(
+            f"{name} benchmark file {str(path)!r}: all {len(records)} rows were skipped ({counts}); "
+            f"expected {layout.describe()}"
+        )
     return problems, skipped
 
 
@@ -275,8 +303,9 @@ def as_benchmark(problems: Sequence[Problem]) -> list[BenchmarkProblem]:
     return [BenchmarkProblem(f"{BUILTIN}-{problem.uid}", problem.question, problem.answer) for problem in problems]
 
 
-def read_benchmarks(files: Mapping[str, str | None], builtin: Sequence[BenchmarkProblem], *, seed: int,
-                    limit: int | None = None) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
+def read_benchmarks(
+    files: Mapping[str, str | None], builtin: Sequence[BenchmarkProblem], *, seed: int, limit: int | None = None
+) -> tuple[dict[str, list[BenchmarkProblem]], dict[str, Counter]]:
     """{name: its first `limit` problems} for {name: file} (`arithmetic`: `builtin`, no file), and the
     rows skipped in each file (its reasons counted). seed: GPQA's option shuffle."""
     sets, skipped = {}, {}

@@ -25,7 +25,6 @@ from trainables.data.prompts import prompt_ids
 from trainables.names import TINY_MAX_POSITIONS
 from trainables.progress import progress
 
-
 BOOTSTRAP_VERSION = 6  # bump when the recipe below changes, so stale caches are not reused
 EOS = "<|endoftext|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -46,8 +45,9 @@ def cache_key(cfg) -> str:  # cfg: the spec's model.tiny section (trainables.con
 
 def ensure_tiny_model(cfg, cache_dir: str | Path) -> Path:
     """Return the folder of the tiny model for cfg, building it once (safe across processes)."""
-    return build_once(Path(cache_dir) / "models" / f"tiny-qwen2-{cache_key(cfg)}",
-                      lambda staging: build_tiny_model(cfg, staging))
+    return build_once(
+        Path(cache_dir) / "models" / f"tiny-qwen2-{cache_key(cfg)}", lambda staging: build_tiny_model(cfg, staging)
+    )
 
 
 def _corpus(cfg, seed: int) -> list[str]:
@@ -113,8 +113,13 @@ class SFTStream:
     def example(self) -> tuple[list[int], int]:
         """(token ids, prompt length) of one teacher solution to one warm-start problem."""
         i = self.rng.randrange(len(self.problems))
-        text, _ = teacher_solution(self.rng.choice(list(TEACHERS)), self.problems[i], self.rng,
-                                   wrong_rate=self.cfg.sft_wrong_rate, overlong_rate=self.cfg.sft_overlong_rate)
+        text, _ = teacher_solution(
+            self.rng.choice(list(TEACHERS)),
+            self.problems[i],
+            self.rng,
+            wrong_rate=self.cfg.sft_wrong_rate,
+            overlong_rate=self.cfg.sft_overlong_rate,
+        )
         if self.rng.random() < self.cfg.sft_unboxed_rate:
             text = unbox(text)
         response = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
@@ -175,6 +180,5 @@ def build_tiny_model(cfg, out_dir: Path) -> None:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "bootstrap.json").write_text(
-        json.dumps({"config": cfg.model_dump(), "version": BOOTSTRAP_VERSION,
-                    "teachers": list(TEACHERS)}, indent=2)
+        json.dumps({"config": cfg.model_dump(), "version": BOOTSTRAP_VERSION, "teachers": list(TEACHERS)}, indent=2)
     )

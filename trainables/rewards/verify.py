@@ -39,7 +39,7 @@ def answer_part(response: str) -> str | None:
     opened, closed = response.find(THINK_OPEN), response.rfind(THINK_CLOSE)
     if opened == -1 or closed < opened:
         return None
-    return response[closed + len(THINK_CLOSE):]
+    return response[closed + len(THINK_CLOSE) :]
 
 
 def time_limit() -> int | None:
@@ -48,7 +48,7 @@ def time_limit() -> int | None:
 
 
 def _judge(answer_text: str, gold: str, limit: int | None) -> str:
-    """"correct" / "wrong" / "parse_error"; lets math-verify's TimeoutException through."""
+    """ "correct" / "wrong" / "parse_error"; lets math-verify's TimeoutException through."""
     answer = parse(answer_text, extraction_config=_ANSWER_CONFIG, parsing_timeout=limit, raise_on_error=True)
     target = parse(f"${gold}$", extraction_config=_GOLD_CONFIG, parsing_timeout=limit, raise_on_error=True)
     if not answer or not target:
@@ -80,8 +80,10 @@ def verify_response(response: str, gold: str) -> Verdict:
 def score_batch(responses: Sequence[str], golds: Sequence[str]) -> tuple[list[float], dict[str, int]]:
     """Rewards [B] and the count of each reason (every key of REASONS present, zeros included)."""
     if len(responses) != len(golds):
-        raise ValueError(f"score_batch got {len(responses)} responses but {len(golds)} gold answers; "
-                         "pass one gold answer per response (repeat each prompt's gold n times)")
+        raise ValueError(
+            f"score_batch got {len(responses)} responses but {len(golds)} gold answers; "
+            "pass one gold answer per response (repeat each prompt's gold n times)"
+        )
     counts = dict.fromkeys(REASONS, 0)
     rewards = []
     for response, gold in zip(responses, golds):

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from trainables.runtime import calls
-from trainables.runtime.ranks import barrier, reduce_max
 from trainables.rollout.push import WEIGHT_PUSHES, learner_weights, weight_push
 from trainables.rollout.service import StaleWeightsError, engines_removed
 from trainables.rollout.types import RolloutBatch, SamplingSpec
 from trainables.rollout.weight_sync import WeightGroupError
+from trainables.runtime import calls
+from trainables.runtime.ranks import barrier, reduce_max
 
 SERVICE_RETRIES = 3  # rollout-service losses survived within one call before the step fails
 SERVICE_RESTART_TIMEOUT_S = 300
@@ -55,8 +55,20 @@ class RolloutClient:
     A configuration's seeds share the engines (`shared`, one per rank): a seed's weights are pushed
     before it generates whenever the engines hold another seed's (or an older) version."""
 
-    def __init__(self, engines: list, cfg, learner, *, trial: str, rank: int, timeout_s: float,
-                 slot: int = 0, shared: Shared | None = None, run: str | None = None, pool=None):
+    def __init__(
+        self,
+        engines: list,
+        cfg,
+        learner,
+        *,
+        trial: str,
+        rank: int,
+        timeout_s: float,
+        slot: int = 0,
+        shared: Shared | None = None,
+        run: str | None = None,
+        pool=None,
+    ):
         self.engines, self.cfg, self.learner = engines, cfg, learner
         self.trial, self.rank, self.timeout_s = trial, rank, timeout_s
         self.run = run or trial  # the Ray Train run whose engines these are (their placement group's name)
@@ -159,8 +171,9 @@ class RolloutClient:
             if self.rank == 0:
                 self.losses += 1
                 cause = type(error).__name__ if error else "on another rank"
-                self.say(f"rollout service lost ({cause}); re-syncing weights version {self.weight_version} "
-                         f"and retrying")
+                self.say(
+                    f"rollout service lost ({cause}); re-syncing weights version {self.weight_version} and retrying"
+                )
             self.sync()
         raise RuntimeError(f"rollout service lost {SERVICE_RETRIES + 1} times in one call: {error}")
 

@@ -37,8 +37,9 @@ def step_prompts(num_train: int, step: int, per_step: int, rank: int, world: int
 class SeedRollouts:
     """One seed's rollouts on one rank; `ahead` is the step and batch generated ahead (in flight or in)."""
 
-    def __init__(self, cfg, client: RolloutClient, tokenizer, train_set: list[Problem], rank: int, world: int,
-                 grouped: bool):
+    def __init__(
+        self, cfg, client: RolloutClient, tokenizer, train_set: list[Problem], rank: int, world: int, grouped: bool
+    ):
         self.cfg, self.client, self.tokenizer, self.train_set = cfg, client, tokenizer, train_set
         self.rank, self.world, self.grouped = rank, world, grouped
         self.ahead: tuple[int, Pending | RolloutBatch] | None = None
@@ -48,13 +49,18 @@ class SeedRollouts:
 
     def problems(self, step: int) -> list[Problem]:
         cfg = self.cfg
-        return [self.train_set[i] for i in step_prompts(
-            len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed)]
+        return [
+            self.train_set[i]
+            for i in step_prompts(
+                len(self.train_set), step, cfg.learner.prompts_per_step, self.rank, self.world, cfg.seed
+            )
+        ]
 
     def spec(self, step: int) -> SamplingSpec:
         # EAD's s is the RL step, 1 at the first rollout (the official trainer's global_steps).
-        return self.cfg.rollout.decoding.sampling(self.cfg.rollout.max_new_tokens, step + 1,
-                                                  seed=self.cfg.seed * 100_003 + step * 101 + self.rank)
+        return self.cfg.rollout.decoding.sampling(
+            self.cfg.rollout.max_new_tokens, step + 1, seed=self.cfg.seed * 100_003 + step * 101 + self.rank
+        )
 
     def take(self, step: int, problems: list[Problem], spec: SamplingSpec, t: dict[str, float]) -> RolloutBatch:
         """Step `step`'s rollouts: generated now, or the batch generated ahead; with rollout.overlap the
@@ -82,8 +88,10 @@ class SeedRollouts:
         generate then."""
         if sync:
             self.client.sync_if_stale()
-        self.ahead = (step, self.client.submit(self.encode(self.problems(step)), self.cfg.rollout.group_size,
-                                               self.spec(step)))
+        self.ahead = (
+            step,
+            self.client.submit(self.encode(self.problems(step)), self.cfg.rollout.group_size, self.spec(step)),
+        )
 
     def settle(self) -> None:
         """The batch in flight (rollout.overlap) collected, so the engines are free and it can be saved."""

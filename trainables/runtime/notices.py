@@ -103,7 +103,8 @@ class Notices:
         """Collective: why to checkpoint now (None: nothing new). Every rank calls it at every step boundary."""
         learner_nodes, engine_nodes = learner_drains(), self.engine_drains()
         learners_draining, engines_draining, terminating = reduce_flags(
-            [bool(learner_nodes - self.handled), bool(engine_nodes - self.handled), TERMINATING.is_set()])
+            [bool(learner_nodes - self.handled), bool(engine_nodes - self.handled), TERMINATING.is_set()]
+        )
         reasons = []
         if learners_draining:
             reasons.append("a learner rank's node drains")

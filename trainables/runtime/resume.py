@@ -13,8 +13,17 @@ from typing import NamedTuple
 import ray
 import torch
 
-from trainables.runtime.checkpoint import (TRIAL_STATE, TrialState, first_intact, load_engine, rank_file, read_rank_state, read_record,
-                                   saved_world_size, write_manifest)
+from trainables.runtime.checkpoint import (
+    TRIAL_STATE,
+    TrialState,
+    first_intact,
+    load_engine,
+    rank_file,
+    read_rank_state,
+    read_record,
+    saved_world_size,
+    write_manifest,
+)
 from trainables.runtime.errors import CheckpointError, UnusableCheckpoint, write_failure
 from trainables.runtime.seal import seal_key
 
@@ -30,8 +39,14 @@ class Part(NamedTuple):
     rank_state: dict
 
 
-def save(parts: list[Part], step: int, rank: int, world: int, metrics: dict[str, float],
-         before_report: Callable[[], None] = lambda: None) -> float:
+def save(
+    parts: list[Part],
+    step: int,
+    rank: int,
+    world: int,
+    metrics: dict[str, float],
+    before_report: Callable[[], None] = lambda: None,
+) -> float:
     """Save every seed's part after RL step `step` (0-based) and report `metrics` with them. Ray Train
     uploads the merged folder and commits it once every rank's upload is done. Returns the seconds it took."""
     start = time.perf_counter()
@@ -54,7 +69,9 @@ def save(parts: list[Part], step: int, rank: int, world: int, metrics: dict[str,
     return time.perf_counter() - start
 
 
-def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str, trust: bool = False) -> list[dict] | None:
+def restore(
+    parts: list[tuple[str, object]], rank: int, world: int, trial: str, trust: bool = False
+) -> list[dict] | None:
     """For each seed's (folder in the checkpoint, learner): the trial state (TRIAL_STATE) of the latest
     intact checkpoint, with this rank's RNG streams (`rng`) and `next_rollouts` (None when none was saved),
     its learner loaded; None when there is no checkpoint to resume from. `trust`: one the product did not
@@ -66,8 +83,10 @@ def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str, 
     def same_world(path: str, folder: Path) -> int:
         saved = saved_world_size(folder)
         if saved not in (None, world):
-            raise CheckpointError(f"checkpoint: {path} was saved by {saved} learner ranks; resume with "
-                                  f"learner.num_workers={saved} (this run has {world})")
+            raise CheckpointError(
+                f"checkpoint: {path} was saved by {saved} learner ranks; resume with "
+                f"learner.num_workers={saved} (this run has {world})"
+            )
         return world
 
     def load(folder: Path) -> list[dict]:
@@ -86,8 +105,13 @@ def restore(parts: list[tuple[str, object]], rank: int, world: int, trial: str, 
         if rank == 0:
             print(f"[trial {trial}] checkpoint {path} is unusable: {problem}; trying the one before it", flush=True)
 
-    found = first_intact(((c.path, c.as_directory()) for c in newest_first(latest)), same_world, load, unusable,
-                         None if trust else seal_key())
+    found = first_intact(
+        ((c.path, c.as_directory()) for c in newest_first(latest)),
+        same_world,
+        load,
+        unusable,
+        None if trust else seal_key(),
+    )
     if found is None:
         raise UnusableCheckpoint(f"checkpoint: no intact checkpoint to resume {trial} from; the latest, {problems[0]}")
     path, states = found

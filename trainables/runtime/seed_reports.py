@@ -12,8 +12,11 @@ def group_report(reports: list[dict[str, float]]) -> dict[str, float]:
     if len(reports) == 1:
         return reports[0]
     shared = set.intersection(*(set(r) for r in reports))
-    mean = {k: sum(float(r[k]) for r in reports) / len(reports) for k in sorted(shared)
-            if all(isinstance(r[k], (int, float)) for r in reports)}
+    mean = {
+        k: sum(float(r[k]) for r in reports) / len(reports)
+        for k in sorted(shared)
+        if all(isinstance(r[k], (int, float)) for r in reports)
+    }
     return {**mean, **{f"{BY_SEED}/{i}/{k}": v for i, r in enumerate(reports) for k, v in r.items()}}
 
 

@@ -27,8 +27,9 @@ class TrialLog:
     """tracking_uri, run_id: the trial's MLflow run (None: untracked); rollout_samples: rows of each
     validated step's rollouts kept as an artifact (`logging.rollout_samples`)."""
 
-    def __init__(self, name: str, steps: int, tracking_uri: str | None, run_id: str | None, rank: int,
-                 rollout_samples: int):
+    def __init__(
+        self, name: str, steps: int, tracking_uri: str | None, run_id: str | None, rank: int, rollout_samples: int
+    ):
         self.name, self.steps, self.rank, self.rollout_samples = name, steps, rank, rollout_samples
         self.logger = StepLogger(tracking_uri, run_id) if rank == 0 else None
 
@@ -63,15 +64,16 @@ class TrialLog:
         if logged < 0:
             return
         redone = max(logged - start_step, 0)  # MLflow step s = RL steps done
-        self.logger.log(start_step, {"faults/resumed_from_step": start_step, "faults/redone_steps": redone},
-                        force=True)
+        self.logger.log(start_step, {"faults/resumed_from_step": start_step, "faults/redone_steps": redone}, force=True)
         self.say(f"MLflow run has steps up to {logged}: {redone} recomputed steps will not be logged again")
 
     def progress(self, step: int, m: dict[str, float]) -> None:
         val = f" val/accuracy {m['val/accuracy']:.3f}" if "val/accuracy" in m else ""
-        self.say(f"step {step + 1}/{self.steps} reward {m['rollout/reward_mean']:.3f} "
-                 f"accuracy {m['rollout/accuracy']:.3f} entropy {m['policy/entropy']:.3f} "
-                 f"length {m['rollout/response_length']:.1f}{val} ({m['timing/step']:.1f} s)")
+        self.say(
+            f"step {step + 1}/{self.steps} reward {m['rollout/reward_mean']:.3f} "
+            f"accuracy {m['rollout/accuracy']:.3f} entropy {m['policy/entropy']:.3f} "
+            f"length {m['rollout/response_length']:.1f}{val} ({m['timing/step']:.1f} s)"
+        )
 
     def artifacts(self, step: int, val_history: list, rows) -> None:
         """A sample of the step's rollouts (rows: problems, rollouts, rewards, offpolicy) with their
@@ -80,9 +82,20 @@ class TrialLog:
             return
         if self.rollout_samples and rows is not None:
             problems, rollouts, rewards, offpolicy = rows
-            self.logger.log_file(f"rollouts/step_{step + 1:06d}.jsonl", rollout_samples_jsonl(
-                step + 1, [p.question for p in problems], [p.answer for p in problems], rollouts.texts,
-                rewards.tolist(), rollouts.finish_reasons, offpolicy.tolist(), rollouts.n, self.rollout_samples))
+            self.logger.log_file(
+                f"rollouts/step_{step + 1:06d}.jsonl",
+                rollout_samples_jsonl(
+                    step + 1,
+                    [p.question for p in problems],
+                    [p.answer for p in problems],
+                    rollouts.texts,
+                    rewards.tolist(),
+                    rollouts.finish_reasons,
+                    offpolicy.tolist(),
+                    rollouts.n,
+                    self.rollout_samples,
+                ),
+            )
         csv, png = validation_curve(val_history, f"{self.name}: validation")
         self.logger.log_file("validation_curve.csv", csv)
         self.logger.log_file("validation_curve.png", png)
