@@ -51,14 +51,14 @@ def parser(prog: str, doc: str, kind: str, example: str, count: str) -> argparse
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the one of the same name and storage (unfinished trials from their checkpoints); "
-        "this unpickles Ray Tune's saved state: resume only folders you or people you trust wrote",
+        help="continue the one of the same name and storage (unfinished trials from their checkpoints), from "
+        "Ray Tune's state as this product sealed it (docs/operations.md)",
     )
     p.add_argument(
         "--trust-unsealed",
         action="store_true",
-        help="with --resume: let its trials resume from checkpoints that carry no valid seal of yours "
-        "(written before seals, or by a colleague under another key); only for folders you trust",
+        help="with --resume: restore Ray Tune's state and let its trials resume from checkpoints that carry no "
+        "valid seal of yours (written before seals, or by a colleague under another key); only for folders you trust",
     )
     p.add_argument(
         "--force",

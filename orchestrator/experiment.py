@@ -28,6 +28,7 @@ from orchestrator.scheduler import pruned_record
 from orchestrator.seeds import HORIZON_KEY, ended, seed_name
 from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
+from orchestrator.tune_state import Sealer, put_back, verified_copy
 from trainables.config import SEED_MAX, VAL_STEP, TrialConfig
 from trainables.data.models import resolve_model_path
 
@@ -79,6 +80,7 @@ class Experiment:
     stop: StopRequest
     lease: Lease
     trust_unsealed: bool = False  # --trust-unsealed: its trials resume from checkpoints sealed elsewhere
+    sealed: Path | None = None  # --resume: the sealed copy of Tune's state it resumes from (tune_state.py)
     pool: Any = None  # its rollout pool (orchestrator/pool.py): engines and verifiers kept from run to run
     started: float = field(default_factory=time.perf_counter)
 
@@ -124,6 +126,8 @@ def start(
         resume=resume,
         force=force,
     )
+    # Only bytes this product sealed are unpickled (orchestrator/tune_state.py); the lease is held: no driver writes.
+    sealed = verified_copy(Path(uri) / "tune", trust_unsealed) if resume and "://" not in storage else None
     folder.mkdir(parents=True, exist_ok=True)
     if "://" in storage and resume:
         fetch_study(folder, uri)
@@ -132,7 +136,9 @@ def start(
         storage, name, cpus=cpus_per_trial, tracking_uri=tracking_uri, experiment=base_cfg.logging.experiment
     )
     parent = tracker.start_sweep_run(name, spec_text=Path(spec).read_text(), search=params, resume=resume, kind=kind)
-    exp = Experiment(name, uri, folder, tracking_uri, tracker, parent, stop, lease, trust_unsealed, pool=start_pool())
+    exp = Experiment(
+        name, uri, folder, tracking_uri, tracker, parent, stop, lease, trust_unsealed, sealed, pool=start_pool()
+    )
     STARTED.append(exp)
     stop.on_sigterm(lambda: stop_when_checkpointed(exp))
     return exp
@@ -337,7 +343,10 @@ def fit(
     # head: a spot node taken away takes learner ranks and engines, which come back, never a trial's
     # driver. It reserves no CPU (a cluster's head often has none to give); Train workers reserve their own.
     trainable = tune.with_resources(trainable, {"CPU": 0, HEAD_NODE: 0.001})
+    tune_folder = Path(exp.uri) / "tune"
     if resume:  # the searcher (with its Optuna study), the scheduler and every trial come back as they were
+        if exp.sealed is not None:
+            put_back(tune_folder, exp.sealed)
         tuner = tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False)
     else:
         config = tune_config()
@@ -347,7 +356,12 @@ def fit(
             name="tune", storage_path=exp.uri, verbose=0, callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()]
         )
         tuner = tune.Tuner(trainable, tune_config=config, param_space=param_space, run_config=run_config)
-    results = tuner.fit()
+    sealer = Sealer(tune_folder).start() if "://" not in exp.uri else None
+    try:
+        results = tuner.fit()
+    finally:
+        if sealer is not None:
+            sealer.close()  # after Tune's last save
     closed()  # every trial's runs closed before the report reads them
     save_study(exp.folder, exp.uri)
     return results
