@@ -16,13 +16,13 @@ noise), checked against its target, printed as one table and written as JSON:
            wall over compute, start-up, weight sync, checkpoint, report + logging, and step-time ratios
            (and grpo's wall per step with rollout.overlap 1 over 0);
            and how soon a command refuses a bad spec (a fresh process, median of three);
-  learner  the learner's passes, chunked over the full-logits pass (bench/learner.py): peak memory per
+  learner  the learner's passes, chunked over the full-logits pass (bench/learner_costs.py): peak memory per
            response token over one fp32 logits row at V = 151,936, and update tokens/s;
   peers    TRL's GRPOTrainer against one trial of this project on the same work (bench/peers.py), ours
            synchronous and with rollout.overlap 1: s per RL step and start-up, ours over TRL's, and Ray
            Train's own start (an empty train function) over TRL's, one run per side a round, the order
            rotated each round;
-  decisions the sweep's decision procedure on simulated configurations of known truth (bench/decisions.py):
+  decisions the sweep's decision procedure on simulated configurations of known truth (bench/simulated_sweeps.py):
            error rates, the chance the truly best is pruned or confirmed, and the compute spent, old
            procedure beside new; then the default in worlds as harsh as real seeds (shared, heavy-tailed,
            unequal seed effects, late ones), each world's rates and the compute its rungs save;
@@ -126,7 +126,7 @@ def verdict(row: str, value: float | str) -> str:
 
 
 def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
-    from bench.memory import peak_memory
+    from bench.process_usage import peak_memory
 
     command = [
         sys.executable,
@@ -156,9 +156,9 @@ def sweep_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
 
 def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
     """What a seed costs: one configuration swept with 1 seed and with 3, every process's CPU seconds summed
-    (bench/memory.py). The 2 more seeds' cost per seed is a seed's own work; what the average seed costs
+    (bench/process_usage.py). The 2 more seeds' cost per seed is a seed's own work; what the average seed costs
     beyond it is the overhead a seed still pays (the run's processes, imports, engines, Ray Train)."""
-    from bench.memory import peak_memory
+    from bench.process_usage import peak_memory
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # their own clusters: all of them measured
     steps = ["--set", "learner.steps=5", "--set", "validation.every=5"] if quick else []
@@ -326,7 +326,7 @@ def peer_rows(spec: str, storage: Path, steps: int, quick: bool, overrides: list
 
 
 def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
-    from bench.learner import learner_figures, push_figures
+    from bench.learner_costs import learner_figures, push_figures
     from trainables.data.models import resolve_model_path
 
     console.print("[bold]learner[/bold]: old log-probs + update, chunked and full-logits passes, fresh processes")
@@ -350,7 +350,7 @@ def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
 
 def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
     """The decisions section; `tune`: also the new procedure end to end through Ray Tune (starts Ray)."""
-    from bench.decisions import NEW, PROCEDURES, decision_figures, tune_figures, world_figures
+    from bench.simulated_sweeps import NEW, PROCEDURES, decision_figures, tune_figures, world_figures
 
     figures = decision_figures(quick)
     console.print(
@@ -428,7 +428,7 @@ def print_worlds(figures: dict) -> None:
 def world_rows(worlds: dict) -> dict[str, float]:
     """The worst world's rates for the default against their targets (each world's standard error kept
     in MC_SE), and the compute the rungs save in the calibrated world."""
-    from bench.decisions import CALIBRATED
+    from bench.simulated_sweeps import CALIBRATED
 
     picks = {
         "decisions: P(false better/worse), all equal, new (default), worst world": ("false_verdict", max),

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.__main__ import verdict
-from bench.memory import GIB, peak_memory
+from bench.process_usage import GIB, peak_memory
 from bench.trials import KEYS, STARTUP, steady_figures
 
 
@@ -83,7 +83,7 @@ def test_the_decisions_bench_drives_the_sweeps_own_schedulers():
     and spends those seeds' steps."""
     import numpy as np
 
-    from bench.decisions import FINAL, NEW, PROCEDURES, STEPS, World, one_sweep, search_config
+    from bench.simulated_sweeps import FINAL, NEW, PROCEDURES, STEPS, World, one_sweep, search_config
 
     sd = 0.04
     means = [FINAL, FINAL - 10 * sd, FINAL + 10 * sd, FINAL]

@@ -174,3 +174,13 @@ def test_no_function_over_60_lines_and_no_class_over_300():
     assert len(definitions(ast.ClassDef, 100)) > 3  # the walk reads the code: some classes pass 100 lines
     assert definitions((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES) == []
     assert definitions(ast.ClassDef, MAX_CLASS_LINES) == []
+
+
+def test_no_two_modules_share_a_file_name_across_packages():
+    """A name means one thing: `decisions.py` is the sweep's decisions, never also a bench's."""
+    names: dict[str, list[str]] = {}
+    for module in SOURCES:
+        if not module.endswith(("__init__", "__main__")) and "." in module:
+            names.setdefault(module.rsplit(".", 1)[1], []).append(module)
+    assert len(names) > 50  # the walk found the product's modules
+    assert {name: found for name, found in names.items() if len(found) > 1} == {}

@@ -264,7 +264,7 @@ def test_the_weight_push_lands_every_tensor_bit_for_bit(ray_cluster, rollouts, t
 FUSED = r"""
 import json, sys
 import torch
-from bench.learner import _learner
+from bench.learner_costs import _learner
 from trainables.config import DecodingConfig
 from trainables.learner import build_train_batch
 from trainables.rollout.ead import tau_table

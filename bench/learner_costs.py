@@ -13,7 +13,7 @@ pass (`learner.logits_chunk_tokens: null`), side by side:
           at a time from the partitions (the push as trials run it) and, side by side, the whole model
           gathered and copied first (the push before).
 
-python -m bench.learner memory|speed|push JSON runs one measurement and prints its figures as JSON.
+python -m bench.learner_costs memory|speed|push JSON runs one measurement and prints its figures as JSON.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def measure_push(spec: dict) -> dict:
 
 def _run(kind: str, spec: dict) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.learner", kind, json.dumps(spec)],
+        [sys.executable, "-m", "bench.learner_costs", kind, json.dumps(spec)],
         capture_output=True,
         text=True,
         env={**os.environ, **MALLOC_ENV},

@@ -378,6 +378,54 @@ def world_rates(knobs: Knobs, sweeps: int, seed: int) -> dict[str, tuple[float, 
     }
 
 
+# How the default could spend its seeds (issue: power where the seeds decide): the selection's seeds, and the
+# confirmation's looks (first pairs, pairs added a look, the most pairs). The first is the shipped default.
+ALLOCATIONS = {
+    "2 seeds; looks at 3, 6 pairs": {"seeds": 2, "confirm": {"seeds": 3, "add": 3, "max_seeds": 6}},
+    "2 seeds; looks at 3, 6, 9, 12": {"seeds": 2, "confirm": {"seeds": 3, "add": 3, "max_seeds": 12}},
+    "2 seeds; looks at 4, 8, 12, 16": {"seeds": 2, "confirm": {"seeds": 4, "add": 4, "max_seeds": 16}},
+    "2 seeds; looks at 6, 12, 18, 24": {"seeds": 2, "confirm": {"seeds": 6, "add": 6, "max_seeds": 24}},
+    "3 seeds; looks at 3, 6, 9, 12": {"seeds": 3, "confirm": {"seeds": 3, "add": 3, "max_seeds": 12}},
+}
+
+
+def allocation_rates(allocation: dict, knobs: Knobs, sweeps: int, seed: int) -> dict[str, tuple[float, float]]:
+    """One allocation of seeds in one world, with Monte Carlo standard errors: P(false verdict) all equal,
+    P(the truly best chosen and confirmed better) at 2 SDs, and the seed-runs a sweep spends there."""
+    search = search_config({**PROCEDURES[NEW], **allocation})
+    sc = scenarios(knobs.sd)
+    null = outcomes(search, sc["all equal"], sweeps, knobs, seed)
+    two = outcomes(search, sc["one better by 2 SDs"], sweeps, knobs, seed)
+    best = int(np.argmax(sc["one better by 2 SDs"]))
+    runs = np.array([o.trial_steps for o in two]) / STEPS
+    return {
+        "false_verdict": share([false_verdict(o, sc["all equal"]) for o in null]),
+        "best_confirmed": share([o.verdict == "better" and o.challenger == best for o in two]),
+        "seed_runs": (float(runs.mean()), float(runs.std(ddof=1) / math.sqrt(len(runs)))),
+    }
+
+
+def allocation_figures(quick: bool, seed: int = 0) -> dict:
+    """Power against compute: every allocation of ALLOCATIONS in every world of WORLDS, and each allocation's
+    worst world (lowest P(best confirmed)) and highest P(false verdict)."""
+    from orchestrator.console import console
+
+    sweeps = 200 if quick else 1000
+    out: dict = {"sweeps": sweeps, "allocations": {}}
+    for name, allocation in ALLOCATIONS.items():
+        worlds = {world: allocation_rates(allocation, knobs, sweeps, seed) for world, knobs in WORLDS.items()}
+        worst = min(worlds, key=lambda w: worlds[w]["best_confirmed"][0])
+        out["allocations"][name] = {
+            "worlds": worlds,
+            "worst_world": worst,
+            "worst_best_confirmed": worlds[worst]["best_confirmed"],
+            "max_false_verdict": max(w["false_verdict"] for w in worlds.values()),
+            "seed_runs": worlds[CALIBRATED]["seed_runs"],
+        }
+        console.print(f"  allocation {name}: {len(worlds)} worlds x {sweeps} sweeps", highlight=False)
+    return out
+
+
 def world_figures(quick: bool, seed: int = 0) -> dict:
     """`world_rates` in every world of WORLDS."""
     from orchestrator.console import console

@@ -1,4 +1,4 @@
-"""The decisions bench's worlds (bench/decisions.py): each knob's draw function on hand-made numbers, and
+"""The decisions bench's worlds (bench/simulated_sweeps.py): each knob's draw function on hand-made numbers, and
 the world it builds measured over many seeds with a fixed generator."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.decisions import (
+from bench.simulated_sweeps import (
     BASE,
     FINAL,
     NEW,
