@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 POOL_NAME = "rollout-pool"
+ROOM_WAIT_S = 5.0  # a new set's wait for room, between looks for a released one
 # The rollout fields an engine is built from; sampling (EAD's schedule, group size) is per request.
 ENGINE_FIELDS = (
     "backend",
@@ -60,33 +62,46 @@ class RolloutPool:
         self.idle: list[RolloutSet] = []
         self.held: dict[str, RolloutSet] = {}
         self.started = 0  # sets started: the bench and the tests read how often a set was kept instead
+        self.groups = 0  # placement groups asked for (each a name of its own)
         self.lock = threading.Lock()
 
     def acquire(self, run: str, cfg, model_path: str) -> tuple[list, Any]:
-        """`run`'s engines and verifier: an idle set of the same key, or a new one."""
-        key = set_key(cfg, model_path)
-        with self.lock:
-            if run in self.held:  # the same run asking again (its driver thread retried)
-                return self.held[run].engines, self.held[run].verifier
-            kept = next((s for s in self.idle if s.key == key), None)
-            others = [s for s in self.idle if s.key != key]
-            self.idle = [s for s in self.idle if s.key == key and s is not kept]
-        for other in others:  # another model or engine shape: its resources go to this run
-            stop_set(other)
-        if kept is None:
-            kept = self.start(key, cfg, model_path)
-        with self.lock:
-            self.held[run] = kept
-        return kept.engines, kept.verifier
+        """`run`'s engines and verifier: an idle set of the same key, or a new one. While the cluster has no room
+        for a new set, a set released meanwhile (a pruned run's, whose release can come just after the next run
+        asked) is taken instead."""
+        from trainables.rollout.service import PLACEMENT_TIMEOUT_S, NoRoomError
 
-    def start(self, key: str, cfg, model_path: str) -> RolloutSet:
+        key, deadline = set_key(cfg, model_path), time.monotonic() + PLACEMENT_TIMEOUT_S
+        while True:
+            with self.lock:
+                if run in self.held:  # the same run asking again (its driver thread retried)
+                    return self.held[run].engines, self.held[run].verifier
+                kept = next((s for s in self.idle if s.key == key), None)
+                others = [s for s in self.idle if s.key != key]
+                self.idle = [s for s in self.idle if s.key == key and s is not kept]
+            for other in others:  # another model or engine shape: its resources go to this run
+                stop_set(other)
+            try:
+                kept = kept or self.start(key, cfg, model_path, max(1.0, min(ROOM_WAIT_S, deadline - time.monotonic())))
+            except NoRoomError:
+                if time.monotonic() >= deadline:
+                    raise
+                continue
+            with self.lock:
+                self.held[run] = kept
+            return kept.engines, kept.verifier
+
+    def start(self, key: str, cfg, model_path: str, timeout_s: float) -> RolloutSet:
         from trainables.rollout.service import start_rollout_engines
         from trainables.verifier import start_verifier
 
         with self.lock:
-            group = f"pool-{self.started}"
+            group = f"pool-{self.groups}"
+            self.groups += 1
+        engines = start_rollout_engines(cfg, model_path, group, timeout_s=timeout_s)
+        with self.lock:
             self.started += 1
-        return RolloutSet(key, group, start_rollout_engines(cfg, model_path, group), start_verifier())
+        return RolloutSet(key, group, engines, start_verifier())
 
     def release(self, run: str) -> None:
         """`run` is over (finished, failed or pruned): its set serves the next run."""

@@ -37,6 +37,10 @@ class StaleWeightsError(RuntimeError):
     """The engine holds other weights than the caller's: a restarted service, not yet re-synced."""
 
 
+class NoRoomError(RuntimeError):
+    """The cluster had no room for a trial's engines within the time it was given."""
+
+
 def _hf_engine(cfg, model_path: str | Path):
     from trainables.rollout.hf import HFEngine  # transformers' generate, imported in the engine's process
 
@@ -212,7 +216,7 @@ def start_rollout_engines(cfg, model_path: str | Path, trial: str, *, timeout_s:
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         ray.util.remove_placement_group(group)
-        raise RuntimeError(
+        raise NoRoomError(
             f"rollout.num_engines: {cfg.num_engines} engine(s) of {bundle} found no room in "
             f"{timeout_s:.0f} s; the cluster has {ray.available_resources()} free"
         )
