@@ -82,7 +82,7 @@ class RolloutPool:
             for other in others:  # another model or engine shape: its resources go to this run
                 stop_set(other)
             try:
-                kept = kept or self.start(key, cfg, model_path, max(1.0, min(ROOM_WAIT_S, deadline - time.monotonic())))
+                kept = kept or self.start(key, cfg, model_path, max(0.1, min(ROOM_WAIT_S, deadline - time.monotonic())))
             except NoRoomError:
                 if time.monotonic() >= deadline:
                     raise
