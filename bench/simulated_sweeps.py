@@ -48,7 +48,8 @@ SPACE = {"x": {"uniform": [0.0, 1.0]}}
 ALL_WORSE = "every other worse by 1 SD"
 CALIBRATED = "calibrated (rho 0)"
 
-# Today's procedure as the shipped spec had it, and the new default (search_spaces/ead.yaml).
+# The procedure before the confirmation stage, the default (search_spaces/ead.yaml: tests/test_simulated_sweeps.py
+# holds them equal) and two variants of it.
 PROCEDURES = {
     "old: 3 seeds, ASHA, verdict on the selection seeds": {
         "seeds": 3,
@@ -57,17 +58,17 @@ PROCEDURES = {
     "new: 2 seeds, interval rungs, confirmation on fresh seeds": {
         "seeds": 2,
         "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 12},
     },
     "new, Pocock-type spending": {
         "seeds": 2,
         "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6, "spending": "pocock"},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 12, "spending": "pocock"},
     },
-    "new, confirmation up to 10 pairs": {
+    "the default before: confirmation up to 6 pairs": {
         "seeds": 2,
         "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 10},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6},
     },
 }
 NEW = "new: 2 seeds, interval rungs, confirmation on fresh seeds"

@@ -6,8 +6,10 @@ so a refusal comes at once.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.console import console
@@ -66,6 +68,21 @@ def parser(prog: str, doc: str, kind: str, example: str, count: str) -> argparse
         help="with --resume: continue even if the spec's settings differ from the ones it started with",
     )
     return p
+
+
+def closes_pools(run: Callable[..., int]) -> Callable[..., int]:
+    """A command's `run`: the rollout pools of the experiments it started stop when it returns or raises
+    (`experiment.close_pools`; nothing to do, and nothing imported, when it started none)."""
+
+    @functools.wraps(run)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return run(*args, **kwargs)
+        finally:
+            if (experiment := sys.modules.get("orchestrator.experiment")) is not None:
+                experiment.close_pools()
+
+    return wrapped
 
 
 def cli(run, parser_: argparse.ArgumentParser, argv: list[str] | None) -> int:

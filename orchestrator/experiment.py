@@ -5,7 +5,6 @@ stoppable by SIGTERM and resumable with `--resume`. What it concludes is `orches
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -52,19 +51,6 @@ def close_pools() -> None:
         if exp.pool is not None:
             close_pool(exp.pool)
             exp.pool = None
-
-
-def closes_pools(run: Callable[..., int]) -> Callable[..., int]:
-    """A command's `run`: the rollout pools of the experiments it started stop when it returns or raises."""
-
-    @functools.wraps(run)
-    def wrapped(*args, **kwargs) -> int:
-        try:
-            return run(*args, **kwargs)
-        finally:
-            close_pools()
-
-    return wrapped
 
 
 @dataclass

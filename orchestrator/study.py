@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, ValidationError, field_validator
 
-from orchestrator.cli import ExperimentFailed, cli, later, parser
+from orchestrator.cli import ExperimentFailed, cli, closes_pools, later, parser
 from orchestrator.console import console
 from orchestrator.spec import (
     Configurations,
@@ -121,7 +121,7 @@ def load_study_spec(
     return trial, study, data
 
 
-@experiment.closes_pools
+@closes_pools
 def run(spec: str, args) -> int:
     base_cfg, study, base = load_study_spec(spec, args.overrides, check_files=not args.dry_run)
     study.seeds = args.seeds or study.seeds

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from rich.table import Table
 
-from orchestrator.cli import ExperimentFailed, cli, later, parser
+from orchestrator.cli import ExperimentFailed, cli, closes_pools, later, parser
 from orchestrator.console import console, number_table, roles, short_params
 from orchestrator.spec import BEST_SPEC, SearchConfig, apply_overrides, derived_numbers, load_sweep_spec
 from trainables.config import TrialConfig
@@ -180,7 +180,7 @@ def dry_run(search: SearchConfig, base: dict, fixed: dict, count: int = 4) -> No
         study.tell(study.trials[-1].number, state=optuna.trial.TrialState.PRUNED)
 
 
-@experiment.closes_pools
+@closes_pools
 def run(spec: str, args) -> int:
     overrides = list(args.overrides)
     base_cfg, search, base = load_sweep_spec(spec, overrides, check_files=not args.dry_run)

@@ -84,6 +84,7 @@ def test_the_decisions_bench_drives_the_sweeps_own_schedulers():
     import numpy as np
 
     from bench.simulated_sweeps import FINAL, NEW, PROCEDURES, STEPS, World, one_sweep, search_config
+    from orchestrator import decisions
 
     sd = 0.04
     means = [FINAL, FINAL - 10 * sd, FINAL + 10 * sd, FINAL]
@@ -92,10 +93,11 @@ def test_the_decisions_bench_drives_the_sweeps_own_schedulers():
         out = one_sweep(search, means, World(np.random.default_rng(0), sd))
         assert 1 in out.pruned and 2 not in out.pruned and out.challenger == 2, name
         assert out.verdict == "better", name
-        if search.confirm:  # the interval rungs' one rung is step 10; then 3 or 6 fresh pairs
+        if search.confirm:  # the interval rungs' one rung is step 10; then fresh pairs up to a look's count
             kept = 4 - len(out.pruned)
             confirmed = out.trial_steps - (kept * STEPS + 10 * len(out.pruned)) * search.seeds
-            assert confirmed in (3 * 2 * STEPS, 6 * 2 * STEPS), name
+            counts = decisions.looks(search.confirm.seeds, search.confirm.add, search.confirm.max_seeds)
+            assert confirmed in [n * 2 * STEPS for n in counts], name
         else:  # ASHA keeps the top half at each rung: it may stop an equal one too
             assert out.trial_steps <= (3 * STEPS + 10) * search.seeds, name
     assert search_config(PROCEDURES[NEW]).scheduler.name == "intervals"
