@@ -87,7 +87,7 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "decisions: P(false better/worse), all equal, old": None,
     "decisions: P(truly best pruned), 1 SD better, new": ("<=", 0.10),
     "decisions: P(truly best pruned), 1 SD better, old": None,
-    "decisions: P(truly best confirmed better), 2 SDs, new up to 10 pairs": (">=", 0.8),
+    "decisions: P(truly best confirmed better), 2 SDs, new up to 12 pairs": (">=", 0.8),
     "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": None,
     "decisions: P(truly best confirmed better), 2 SDs, old": None,
     "decisions: trial-steps new / old, 2 SDs": None,
@@ -350,28 +350,21 @@ def learner_rows(cfg, quick: bool) -> tuple[dict, dict]:
 
 def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
     """The decisions section; `tune`: also the new procedure end to end through Ray Tune (starts Ray)."""
-    from bench.simulated_sweeps import NEW, PROCEDURES, decision_figures, tune_figures, world_figures
+    from bench.simulated_sweeps import (
+        NEW,
+        PROCEDURES,
+        allocation_figures,
+        decision_figures,
+        tune_figures,
+        world_figures,
+    )
 
     figures = decision_figures(quick)
     console.print(
         f"[bold]decisions[/bold]: {figures['sweeps']} simulated sweeps per scenario and procedure, "
         f"seed SD {figures['seed_sd']}"
     )
-    table = number_table(
-        "decisions: the sweep's procedure on configurations of known truth",
-        ["scenario", "procedure", "P(false better/worse)", "P(best confirmed)", "P(best pruned)", "trial-steps"],
-    )
-    for scenario, procs in figures["scenarios"].items():
-        for proc, r in procs.items():
-            table.add_row(
-                scenario,
-                proc,
-                f"{r['false_verdict']:.3f}",
-                f"{r['best_confirmed']:.3f}",
-                f"{r['best_pruned']:.3f}",
-                f"{r['trial_steps']:.0f}",
-            )
-    console.print(table)
+    print_procedures(figures)
     if tune:
         figures["tune"] = tune_figures(2 if quick else 10)
         console.print(
@@ -389,7 +382,7 @@ def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
         "decisions: P(false better/worse), all equal, old": sc["all equal"][old]["false_verdict"],
         "decisions: P(truly best pruned), 1 SD better, new": sc["one better by 1 SD"][NEW]["best_pruned"],
         "decisions: P(truly best pruned), 1 SD better, old": sc["one better by 1 SD"][old]["best_pruned"],
-        "decisions: P(truly best confirmed better), 2 SDs, new up to 10 pairs": two[wide]["best_confirmed"],
+        "decisions: P(truly best confirmed better), 2 SDs, new up to 12 pairs": two[wide]["best_confirmed"],
         "decisions: P(truly best confirmed better), 2 SDs, new (default, up to 6 pairs)": two[NEW]["best_confirmed"],
         "decisions: P(truly best confirmed better), 2 SDs, old": two[old]["best_confirmed"],
         "decisions: trial-steps new / old, 2 SDs": two[NEW]["trial_steps"] / two[old]["trial_steps"],
@@ -399,6 +392,8 @@ def decision_rows(quick: bool, tune: bool = True) -> tuple[dict, dict]:
             MC_SE[row] = (value * (1 - value) / figures["sweeps"]) ** 0.5
     figures["worlds"] = world_figures(quick)
     print_worlds(figures["worlds"])
+    figures["allocations"] = allocation_figures(quick)
+    print_allocations(figures["allocations"])
     return {**rows, **world_rows(figures["worlds"]["worlds"])}, figures
 
 
@@ -422,6 +417,38 @@ def print_worlds(figures: dict) -> None:
     digits = {key: 1 if key == "seed_runs" else 3 for key in WORLD_COLUMNS}
     for name, w in figures["worlds"].items():
         table.add_row(name, *(f"{w[key][0]:.{digits[key]}f} ± {w[key][1]:.{digits[key]}f}" for key in WORLD_COLUMNS))
+    console.print(table)
+
+
+def print_procedures(figures: dict) -> None:
+    """Each scenario x procedure: its rates and compute."""
+    table = number_table(
+        "decisions: the sweep's procedure on configurations of known truth",
+        ["scenario", "procedure", "P(false better/worse)", "P(best confirmed)", "P(best pruned)", "trial-steps"],
+    )
+    for scenario, procs in figures["scenarios"].items():
+        for proc, r in procs.items():
+            table.add_row(
+                scenario,
+                proc,
+                f"{r['false_verdict']:.3f}",
+                f"{r['best_confirmed']:.3f}",
+                f"{r['best_pruned']:.3f}",
+                f"{r['trial_steps']:.0f}",
+            )
+    console.print(table)
+
+
+def print_allocations(figures: dict) -> None:
+    """Power against compute: each allocation of seeds in its worst world, and its cost (docs/performance.md,
+    "How the default spends its seeds")."""
+    table = number_table(
+        f"decisions by allocation of seeds: {figures['sweeps']} simulated sweeps per world and scenario",
+        ["allocation", "P(best chosen, confirmed), 2 SDs, worst world", "P(false verdict), worst", "seed-runs"],
+    )
+    for name, a in figures["allocations"].items():
+        best, false, runs = a["worst_best_confirmed"], a["max_false_verdict"], a["seed_runs"]
+        table.add_row(name, f"{best[0]:.3f} ± {best[1]:.3f} ({a['worst_world']})", f"{false[0]:.3f}", f"{runs[0]:.1f}")
     console.print(table)
 
 

@@ -58,17 +58,17 @@ PROCEDURES = {
     "new: 2 seeds, interval rungs, confirmation on fresh seeds": {
         "seeds": 2,
         "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 12},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6},
     },
     "new, Pocock-type spending": {
         "seeds": 2,
         "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 12, "spending": "pocock"},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6, "spending": "pocock"},
     },
-    "the default before: confirmation up to 6 pairs": {
+    "new, confirmation up to 12 pairs": {
         "seeds": 2,
         "scheduler": {"name": "intervals", "grace_period": 10, "reduction_factor": 3},
-        "confirm": {"seeds": 3, "add": 3, "max_seeds": 6},
+        "confirm": {"seeds": 3, "add": 3, "max_seeds": 12},
     },
 }
 NEW = "new: 2 seeds, interval rungs, confirmation on fresh seeds"

@@ -324,7 +324,7 @@ class ConfirmConfig(Section):
 
     seeds: Seeds = Field(3, description="Seed pairs at the first look.")
     add: Seeds = Field(3, description="Seed pairs added at each further look.")
-    max_seeds: Seeds = Field(12, description="Seed pairs at the last look: inconclusive there if undecided.")
+    max_seeds: Seeds = Field(6, description="Seed pairs at the last look: inconclusive there if undecided.")
     margin: PositiveFloat | None = Field(
         None,
         description="Equivalence margin in the objective's units (TOST): "

@@ -126,12 +126,12 @@ def test_the_rung_savings_are_a_paired_ratio():
 def test_identical_seeds_give_no_verdict_and_an_unpruned_sweep_its_full_cost():
     """rho 1 and all equal: every configuration has the same values, so the confirmation's differences are
     all zero (inconclusive, to its last look) and no rung stops anything; without a scheduler the sweep
-    spends exactly 4 configurations x 2 seeds and 2 arms x 12 pairs, a run each of 30 steps."""
+    spends exactly 4 configurations x 2 seeds and 2 arms x 6 pairs, a run each of 30 steps."""
     for scheduler in ("intervals", "none"):
         search = search_config({**PROCEDURES[NEW], "scheduler": {"name": scheduler}})
         out = one_sweep(search, [FINAL] * 4, World(np.random.default_rng(1), Knobs(rho=1.0)))
         assert out.verdict == "inconclusive" and not out.pruned
-        assert out.trial_steps == (4 * 2 + 2 * 12) * STEPS
+        assert out.trial_steps == (4 * 2 + 2 * 6) * STEPS
 
 
 def test_the_bench_default_is_the_shipped_spec():
