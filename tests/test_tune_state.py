@@ -4,7 +4,12 @@ refused in one line naming it, unless the user says they trust it."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +69,37 @@ def test_the_sealer_keeps_the_copy_current_and_takes_the_last_save(tune, monkeyp
     copy = tune_state.verified_copy(tune, trust=False)
     assert (copy / "experiment_state-a.json").read_bytes() == b'{"trial_data": ["final"]}'
     assert [p.name for p in (tune.parent / tune_state.SEALED).iterdir() if p.is_dir()] == [copy.name]  # one copy
+
+
+class Payload:
+    """A crafted pickle: unpickling it creates `marker` (it runs the code it names)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_crafted_tuner_pkl_in_an_unsealed_folder_never_runs(tmp_path):
+    """`sweep --resume` on a folder this product did not seal: exit 2, one line naming the folder and the
+    flag, before Ray starts; the crafted pickle's marker is never created."""
+    marker, tune = tmp_path / "it-ran", tmp_path / "runs" / "ead" / "tune"
+    tune.mkdir(parents=True)
+    (tune / "tuner.pkl").write_bytes(pickle.dumps(Payload(marker)))
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), RAY_ADDRESS="127.0.0.1:1")  # no cluster is started
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator.sweep",
+        "search_spaces/ead.yaml",
+        "--storage",
+        str(tmp_path / "runs"),
+    ]
+    out = subprocess.run([*command, "--name", "ead", "--resume"], capture_output=True, text=True, env=env, timeout=300)
+    errors = [line for line in out.stdout.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stdout + out.stderr
+    assert str(tune) in errors[0] and "without this product's seal" in errors[0] and "--trust-unsealed" in errors[0]
+    assert not marker.exists()
+    assert pickle.loads((tune / "tuner.pkl").read_bytes()) is None and marker.exists()  # the payload is live
