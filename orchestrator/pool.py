@@ -8,7 +8,8 @@ engine or verifier start.
 
 A run's ranks push their weights before their first generation (`Trial.begin`), and every weight version
 carries its run's tag (trainables/rollout/client.py), so a set never serves one run's weights to another. A
-set's engines restart in place when their process dies, as a run's own do. A pruned configuration's set
+set's engines restart in place when their process dies, as a run's own do. Engines colocated with a run's
+learner GPUs, or fed by vLLM's weight transfer engine, stay a run's own (`poolable`). A pruned configuration's set
 is released by the driver (its run dies without its `finally`); `holds(run)` is then false, which tells
 any rank of it still alive that its sweep stopped it. Sets of another model or engine shape are stopped
 before a new one starts, so idle sets never hold what a run needs. `train` runs without a pool.
@@ -38,6 +39,14 @@ ENGINE_FIELDS = (
     "colocate",
     "weight_transfer",
 )
+
+
+def poolable(cfg) -> bool:
+    """Whether a run's engines may serve the runs after it: not when they share the run's learner GPUs
+    (`colocate`) or carry vLLM's weight transfer engine (nccl, ipc): both are set up for one run's ranks."""
+    from trainables.rollout.push import WEIGHT_PUSHES
+
+    return not cfg.colocate and not WEIGHT_PUSHES[cfg.weight_transfer].engine_transfer
 
 
 def set_key(cfg, model_path: str | Path) -> str:
@@ -157,7 +166,7 @@ def rollout_set(cfg, model_path: str | Path, run: str):
     from trainables.rollout.service import remove_engine_group, start_rollout_engines
     from trainables.verifier import start_verifier
 
-    pool = find_pool()
+    pool = find_pool() if poolable(cfg) else None
     if pool is not None:
         engines, verifier = ray.get(pool.acquire.remote(run, cfg, str(model_path)))
     else:

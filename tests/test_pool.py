@@ -11,7 +11,7 @@ import types
 import pytest
 
 from orchestrator import pool as pool_module
-from orchestrator.pool import RolloutPool, RolloutSet, set_key
+from orchestrator.pool import RolloutPool, RolloutSet, poolable, set_key
 from trainables.config import RolloutConfig
 from trainables.rollout.service import NoRoomError
 
@@ -58,6 +58,10 @@ def test_another_key_makes_room_and_a_key_is_the_engine_not_the_sampling(pool):
     assert [s.key for s in pool.stopped] == [set_key(CPU, "/m")] and pool.sets_started() == 2
     hotter = RolloutConfig(decoding={"ead": {"tau_max": 1.4}}, group_size=4)
     assert set_key(hotter, "/m") == set_key(CPU, "/m") != set_key(CPU, "/other-model")
+    # Engines set up for one run's ranks stay that run's own.
+    assert poolable(CPU) and poolable(RolloutConfig(backend="vllm", weight_transfer="gloo"))
+    assert not poolable(RolloutConfig(backend="vllm", num_gpus=0.4, colocate=True))
+    assert not poolable(RolloutConfig(backend="vllm", num_gpus=1, weight_transfer="nccl"))
 
 
 def test_a_set_released_while_a_new_one_finds_no_room_is_taken(pool):
