@@ -17,7 +17,7 @@ from orchestrator.console import console, short_params
 from orchestrator.decisions import Confirmation, confirm, looks
 from orchestrator.experiment import RUNNING, Experiment
 from orchestrator.launch import load_offline
-from orchestrator.seeds import SeedGroup, hold_if_preempted, run_name, seed_configs
+from orchestrator.seeds import SeedGroup, hold_if_preempted, run_name, runs_of, seed_configs
 from orchestrator.spec import ConfirmConfig, apply_overrides
 from orchestrator.summary import ConfigSummary
 from orchestrator.tracking import Tracker
@@ -32,17 +32,19 @@ def arm_steps(base: dict, arm: ConfigSummary) -> int:
     return TrialConfig.model_validate(apply_overrides(base, arm.params)).learner.steps
 
 
-def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int], metric: str) -> list[float]:
-    """One arm's values of `metric` at its last step, on the seeds spec seed + offsets (fresh runs). A
-    confirmation run validates the base policy and its last step only: the decision reads nothing else,
-    and validation draws its own seeds, so the training and the final value are those of `every: 10`."""
+def arm_runs(
+    exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int], metric: str, parts: int
+) -> tuple[list, list | None]:
+    """One arm's runs of a look on the seeds spec seed + offsets (fresh runs, `runs_of`) and their seeds'
+    MLflow runs, or ([], its values) when a resume finds the arm's record closed already. A confirmation run
+    validates the base policy and its last step only: the decision reads nothing else, and validation draws
+    its own seeds, so the training and the final value are those of `every: 10`."""
     steps = arm_steps(base, arm)
     cfgs = seed_configs(base, {**arm.params, "validation.every": steps}, arm.config_id, f"{exp.uri}/{STAGE}", offsets)
     tracker = Tracker(exp.tracking_uri, cfgs[0].logging.experiment)
     done = [tracker.finished_value(f"{cfg.storage.rstrip('/')}/{cfg.name}", metric, steps) for cfg in cfgs]
     if all(v is not None for v in done):  # a resume after this arm ended: its record stands, nothing restarts
-        return [float(v) for v in done]
-    model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
+        return [], [float(v) for v in done]
     shown = short_params(arm.params)
     tags = {"kind": "trial", "stage": STAGE, "sweep": exp.name, "config": arm.config_id, **shown}
     run_ids = [
@@ -55,19 +57,36 @@ def train_arm(exp: Experiment, base: dict, arm: ConfigSummary, offsets: list[int
         )
         for cfg in cfgs
     ]
-    store = load_offline(cfgs[0], model_path)
     console.print(f"confirmation: training {arm.config_id} on seeds {[cfg.seed for cfg in cfgs]}", highlight=False)
-    name = f"{arm.config_id}_seeds{cfgs[0].seed}-{cfgs[-1].seed}"  # a look's seeds: a run of their own
-    results = SeedGroup(cfgs, metric, lambda report: None, name=name).run(
-        model_path, exp.tracking_uri, run_ids, store, exp.stop.uri, exp.trust_unsealed
+    name = f"{arm.config_id}_seeds{cfgs[0].seed}-{cfgs[-1].seed}"  # a look's seeds: runs of their own
+    ids = iter(run_ids)
+    return [(run, [next(ids) for _ in part], part) for run, part in runs_of(name, cfgs, parts)], None
+
+
+def train_look(
+    exp: Experiment, base: dict, arms: tuple[ConfigSummary, ...], offsets: list[int], metric: str, parts: int
+) -> tuple[list[float], ...]:
+    """The arms' values of `metric` at their last step on one look's seeds, every arm's runs at once (each
+    arm's seeds over `parts` runs), as many at a time as the cluster holds."""
+    planned = [arm_runs(exp, base, arm, offsets, metric, parts) for arm in arms]
+    runs = [run for arm_plan, _ in planned for run in arm_plan]
+    if not runs:
+        return tuple(done for _, done in planned)
+    cfgs = [cfg for _, _, part in runs for cfg in part]
+    model_path = resolve_model_path(cfgs[0].model, cfgs[0].cache_dir)
+    run_ids = [run_id for _, ids, _ in runs for run_id in ids]
+    stores = [load_offline(part[0], model_path) for _, _, part in runs]
+    tracker = Tracker(exp.tracking_uri, cfgs[0].logging.experiment)
+    results = SeedGroup([(name, part) for name, _, part in runs], metric, lambda report: None).run(
+        model_path, exp.tracking_uri, run_ids, stores, exp.stop.uri, exp.trust_unsealed
     )
     hold_if_preempted(results, tracker, run_ids, exp.stop, STAGE)  # the driver exits for a --resume
     for run_id in run_ids:
         tracker.finish(run_id, "finished")
-    values = [r.get(metric) for r in results]
-    if any(v is None for v in values):
-        raise ExperimentFailed(f"confirmation of {arm.config_id}: a seed reported no {metric}")
-    return [float(v) for v in values]
+    if any(r.get(metric) is None for r in results):
+        raise ExperimentFailed(f"confirmation of {'/'.join(a.config_id for a in arms)}: a seed reported no {metric}")
+    trained = iter(float(r[metric]) for r in results)
+    return tuple(done or [next(trained) for _ in offsets] for (_, done) in planned)
 
 
 def run_confirmation(
@@ -79,8 +98,10 @@ def run_confirmation(
     metric: str,
     mode: str,
     first_offset: int,
+    parts: int,
 ) -> Confirmation:
-    """Winner and baseline on the seeds spec seed + first_offset, + 1, ...: looks until one decides."""
+    """Winner and baseline on the seeds spec seed + first_offset, + 1, ...: looks until one decides; a
+    look trains both arms at once, each arm's seeds over half the `parts` runs a configuration takes."""
     counts = looks(confirm_cfg.seeds, confirm_cfg.add, confirm_cfg.max_seeds)
     console.print(
         f"confirmation: {winner.config_id} against the baseline {baseline.config_id} on fresh seeds "
@@ -92,7 +113,7 @@ def run_confirmation(
     def train(offsets: list[int]) -> tuple[list[float], list[float]]:
         RUNNING.add(STAGE)  # SIGTERM waits for these seeds to checkpoint, as for a trial
         try:
-            pair = tuple(train_arm(exp, base, arm, offsets, metric) for arm in (winner, baseline))
+            pair = train_look(exp, base, (winner, baseline), offsets, metric, max(1, parts // 2))
         finally:
             RUNNING.discard(STAGE)
         console.print(

@@ -24,7 +24,7 @@ from orchestrator.lease import Lease
 from orchestrator.pool import close_pool, release_runs, start_pool
 from orchestrator.preempt import STOPPED_EXIT_CODE, StopRequest
 from orchestrator.scheduler import pruned_record
-from orchestrator.seeds import HORIZON_KEY, ended, seed_name
+from orchestrator.seeds import HORIZON_KEY, ended, run_names
 from orchestrator.spec import SpecError
 from orchestrator.tracking import Tracker, default_tracking_uri
 from orchestrator.tune_state import Sealer, put_back, verified_copy
@@ -165,10 +165,9 @@ def given(flag: str | None, default: str) -> str:
     return default if flag is None else flag
 
 
-def cluster_cpus(base_cfg: TrialConfig, concurrent: int, seeds: int) -> int:
-    """A local cluster's CPUs for `concurrent` configurations of `seeds` seeds at once: one run each, or one
-    run a seed on GPU learners (orchestrator/seeds.py: runs_of)."""
-    return logical_cpus(base_cfg) * concurrent * (seeds if base_cfg.learner.use_gpu else 1)
+def cluster_cpus(base_cfg: TrialConfig, runs: int) -> int:
+    """A local cluster's CPUs for `runs` Ray Train runs at once (orchestrator/seeds.py: runs_at_once)."""
+    return logical_cpus(base_cfg) * runs
 
 
 class TrialStates(Callback):
@@ -181,9 +180,15 @@ class TrialStates(Callback):
     """
 
     def __init__(
-        self, tracker: Tracker, sweep: str, seeds: list[int], metric: str, study: tuple[Path, str] | None = None
+        self,
+        tracker: Tracker,
+        sweep: str,
+        seeds: list[int],
+        metric: str,
+        study: tuple[Path, str] | None = None,
+        parts: int = 1,
     ):
-        self.tracker, self.sweep, self.seeds, self.metric = tracker, sweep, seeds, metric
+        self.tracker, self.sweep, self.seeds, self.metric, self.parts = tracker, sweep, seeds, metric, parts
         self.study = study  # (local folder, bucket URI): the Optuna study copied after every trial
 
     def _say(self, trial, what: str) -> None:
@@ -210,7 +215,7 @@ class TrialStates(Callback):
     def _close(self, trial, state: str, description: str | None = None) -> None:
         RUNNING.discard(trial.trial_id)
         # A pruned trial's actors are killed before their `finally` runs: its runs' engines are released here.
-        release_runs({trial.trial_id, *(seed_name(trial.trial_id, seed) for seed in self.seeds)})
+        release_runs(run_names(trial.trial_id, self.seeds, getattr(self, "parts", 1)))
         CLOSER.submit(self.tracker.finish_sweep_trial, self.sweep, trial.trial_id, state, description)
         if getattr(self, "study", None) is not None:  # (a callback restored from an older sweep has none)
             CLOSER.submit(save_study, *self.study)
@@ -309,6 +314,7 @@ def fit(
     tune_config: Callable[[], Any],
     seeds: list[int],
     resume: bool,
+    parts: int,
     param_space: dict | None = None,
 ):
     """Run (or with `resume` continue) the Tune experiment; its ResultGrid.
@@ -336,7 +342,7 @@ def fit(
         tuner = tune.Tuner.restore(f"{exp.uri}/tune", trainable, resume_unfinished=True, resume_errored=False)
     else:
         config = tune_config()
-        states = TrialStates(exp.tracker, exp.name, seeds, config.metric, (exp.folder, exp.uri))
+        states = TrialStates(exp.tracker, exp.name, seeds, config.metric, (exp.folder, exp.uri), parts)
         # verbose=0: TrialStates prints a line per event, and each trial its steps.
         run_config = tune.RunConfig(
             name="tune", storage_path=exp.uri, verbose=0, callbacks=[states, CSVLoggerCallback(), JsonLoggerCallback()]

@@ -71,13 +71,42 @@ def seed_name(config_id: str, seed: int) -> str:
     return f"{config_id}_seed{seed}"
 
 
-def runs_of(name: str, cfgs: list[TrialConfig]) -> list[tuple[str, list[TrialConfig]]]:
-    """The Ray Train runs that train a configuration's seeds `cfgs`, (run name, its seeds): all in one run
-    named `name` (trainables/group.py), a seed alone under its own name; on GPU learners one run a seed,
-    as a learner GPU holds one seed's model and optimizer states."""
-    if len(cfgs) == 1 or cfgs[0].learner.use_gpu:
-        return [(cfg.name, [cfg]) for cfg in cfgs]
-    return [(name, cfgs)]
+def chunks(items: list, parts: int) -> list[list]:
+    """`items` in `parts` contiguous runs of as near equal length as can be (the first ones longer)."""
+    size, extra = divmod(len(items), parts)
+    bounds = [r * size + min(r, extra) for r in range(parts + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def part_name(name: str, seeds: list[int], whole: bool) -> str:
+    """A run's name: the configuration's (`name`) when it trains all its seeds, else `<name>_seeds<a>-<b>`."""
+    return name if whole else f"{name}_seeds{seeds[0]}-{seeds[-1]}"
+
+
+def run_names(name: str, seeds: list[int], parts: int) -> set[str]:
+    """Every name a run of configuration `name` with `seeds` split `parts` ways may take (`runs_of`)."""
+    return {name, *(seed_name(name, s) for s in seeds)} | {
+        part_name(name, part, False) for part in chunks(seeds, min(parts, len(seeds)))
+    }
+
+
+def runs_at_once(cfg: TrialConfig, seeds: int, parts: int) -> int:
+    """The Ray Train runs a configuration of `seeds` seeds split `parts` ways trains at once (`runs_of`)."""
+    return seeds if cfg.learner.use_gpu else min(seeds, parts)
+
+
+def runs_of(name: str, cfgs: list[TrialConfig], parts: int = 1) -> list[tuple[str, list[TrialConfig]]]:
+    """The Ray Train runs that train a configuration's seeds `cfgs`, (run name, its seeds): split into
+    `parts` runs of contiguous seeds (trainables/group.py: a run's seeds step in turn on one worker group
+    and engine set), a seed alone under its own name; on GPU learners one run a seed, as a learner GPU
+    holds one seed's model and optimizer states. A seed reaches the same values in any split."""
+    if cfgs[0].learner.use_gpu:
+        parts = len(cfgs)
+    groups = chunks(cfgs, min(parts, len(cfgs)))
+    return [
+        (group[0].name if len(group) == 1 else part_name(name, [c.seed for c in group], len(groups) == 1), group)
+        for group in groups
+    ]
 
 
 def seed_configs(
@@ -126,12 +155,13 @@ def group_metrics(reports: list[dict[str, float]], metric: str) -> dict[str, flo
 
 
 class SeedGroup:
-    """Trains a configuration's seeds (in one Ray Train run, or one run a seed: `runs_of`) and reports
-    the group's metrics to `report` at each step every seed has reached."""
+    """Trains seeds in the runs given (`runs_of`: a configuration's, or a confirmation look's two arms), as
+    many at once as the cluster holds, and reports the group's metrics to `report` at each step every seed
+    has reached."""
 
-    def __init__(self, cfgs: list[TrialConfig], metric: str, report: Callable[[dict], None], name: str):
-        self.cfgs, self.metric, self.report = cfgs, metric, report
-        self.runs = runs_of(name, cfgs)
+    def __init__(self, runs: list[tuple[str, list[TrialConfig]]], metric: str, report: Callable[[dict], None]):
+        self.runs, self.metric, self.report = runs, metric, report
+        self.cfgs = [cfg for _, cfgs in runs for cfg in cfgs]
         self.history: list[dict[int, list[dict]]] = [{} for _ in self.runs]  # run -> step -> its seeds' reports
         self.results: list[Any] = [None] * len(self.runs)
         self.errors: list[BaseException | None] = [None] * len(self.runs)
@@ -142,12 +172,13 @@ class SeedGroup:
         model_path: Path,
         tracking_uri: str | None,
         run_ids: list,
-        store=None,
+        stores: list | None = None,
         stop_file: str | None = None,
         trust_unsealed: bool = False,
     ) -> list[dict]:
-        """Train every seed, as many runs at once as the cluster holds; each seed's final metrics, in seed
-        order. A run's error is raised at once: the Tune trial ends, and the other runs with it."""
+        """Train every seed, as many runs at once as the cluster holds (`stores`: each run's offline store);
+        each seed's final metrics, in the runs' order. A run's error is raised at once: the Tune trial ends,
+        and the other runs with it."""
         import ray
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -170,7 +201,7 @@ class SeedGroup:
                     model_path,
                     tracking_uri,
                     [next(ids) for _ in cfgs],
-                    store,
+                    stores[i] if stores else None,
                     stop_file,
                     trust_unsealed,
                     inbox,
@@ -257,9 +288,9 @@ def run_name(shown: dict[str, str], seed: int) -> str:
     return " ".join([*(f"{k}={v}" for k, v in shown.items()), f"seed={seed}"])
 
 
-def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dict] | None = None):
+def make_trainable(base: dict, exp, metric: str, seeds: int, parts: int, arms: dict[str, dict] | None = None):
     """The Tune trial: one configuration (the sampled fields, or a study's arm) trained with `seeds` seeds in
-    one Ray Train run, each seed its own nested MLflow run (param `seed`, tag `config`)."""
+    `parts` Ray Train runs (`runs_of`), each seed its own nested MLflow run (param `seed`, tag `config`)."""
     tracking = {"uri": exp.tracking_uri, "parent_run_id": exp.parent, "sweep": exp.name}
     storage, stop, trust = f"{exp.uri}/trials", exp.stop, exp.trust_unsealed
 
@@ -294,8 +325,10 @@ def make_trainable(base: dict, exp, metric: str, seeds: int, arms: dict[str, dic
         for run_id in run_ids:
             if store is not None:
                 tracker.log_offline_store(run_id, store)
-        group = SeedGroup(cfgs, metric, tune.report, name=config_id)
-        results = group.run(model_path, tracking["uri"], run_ids, store, stop.uri, trust)
+        runs = runs_of(config_id, cfgs, parts)
+        results = SeedGroup(runs, metric, tune.report).run(
+            model_path, tracking["uri"], run_ids, [store] * len(runs), stop.uri, trust
+        )
         # Checkpointed for a resume: stay "running" so that Tune neither closes the trial nor starts
         # another in its place before the driver exits.
         hold_if_preempted(results, tracker, run_ids, stop, config_id)

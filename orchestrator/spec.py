@@ -376,6 +376,13 @@ class SearchConfig(Section):
         description="Seeds per configuration (the spec's seed + 0, 1, ...), trained side by side in one Tune "
         "trial: the searcher and the scheduler see their mean; every number comes with a 95% interval over them.",
     )
+    seed_runs: Seeds = Field(
+        2,
+        description="Ray Train runs a configuration's seeds are split over (a run's seeds take their steps in "
+        "turn on one worker group and engine set; a seed's values are the same in any split): 2 keeps two cores "
+        "busy, 1 spends the least CPU. A confirmation look trains its two arms at once, each over half of them. "
+        "GPU learners take one run a seed.",
+    )
     baseline: dict[str, Any] | None = Field(
         None,
         description="The configuration the best one is compared with (paired over the same seeds); "

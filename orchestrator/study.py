@@ -77,6 +77,9 @@ class StudyConfig(Section):
         "Holm-adjusted): `equivalent within +-margin`; none: no equivalence verdict.",
     )
     max_concurrent: Configurations = Field(1, description="Arms running at once (each runs its seeds side by side).")
+    seed_runs: Seeds = Field(
+        2, description="Ray Train runs an arm's seeds are split over (as a sweep's search.seed_runs)."
+    )
 
     @field_validator("arms")
     @classmethod
@@ -137,6 +140,7 @@ def run(spec: str, args) -> int:
         return 0
     from ray import tune
 
+    runs = tune_trial.runs_at_once(base_cfg, study.seeds, study.seed_runs)
     exp = experiment.start(
         "study",
         experiment.given(args.name, base_cfg.name),
@@ -149,22 +153,21 @@ def run(spec: str, args) -> int:
         force=getattr(args, "force", False),
         trust_unsealed=getattr(args, "trust_unsealed", False),
         seeds=study.seeds,
-        cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent, study.seeds),
+        cpus_per_trial=experiment.cluster_cpus(base_cfg, study.max_concurrent * runs),
     )
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})
     console.print(
         f"study {exp.name}{' (resumed)' if args.resume else ''}: {len(study.arms)} arms x {study.seeds} "
         f"seeds, MLflow run {exp.parent} in {exp.tracking_uri}"
     )
-    trainable = tune_trial.make_trainable(base, exp, study.metric, study.seeds, arms=study.arms)
+    trainable = tune_trial.make_trainable(base, exp, study.metric, study.seeds, study.seed_runs, arms=study.arms)
     seeds = [base_cfg.seed + r for r in range(study.seeds)]
 
     def tune_config():
         return tune.TuneConfig(metric=study.metric, mode=study.mode, max_concurrent_trials=study.max_concurrent)
 
-    experiment.fit(
-        exp, trainable, tune_config, seeds, args.resume, param_space={"arm": tune.grid_search(list(study.arms))}
-    )
+    grid = {"arm": tune.grid_search(list(study.arms))}
+    experiment.fit(exp, trainable, tune_config, seeds, args.resume, study.seed_runs, param_space=grid)
     result = collect(exp, study)
     write(result, exp.folder)
     exp.tracker.finish_sweep(

@@ -191,6 +191,7 @@ def run(spec: str, args) -> int:
     if args.dry_run:
         dry_run(search, base, fixed)
         return 0
+    runs = tune_trial.runs_at_once(base_cfg, search.seeds, search.seed_runs)  # a configuration's Ray Train runs
     exp = experiment.start(
         "sweep",
         experiment.given(args.name, base_cfg.name),
@@ -203,27 +204,22 @@ def run(spec: str, args) -> int:
         force=getattr(args, "force", False),
         trust_unsealed=getattr(args, "trust_unsealed", False),
         seeds=search.all_seeds,
-        cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials, search.seeds),
+        cpus_per_trial=experiment.cluster_cpus(base_cfg, search.max_concurrent_trials * runs),
     )
     base = apply_overrides(base, {"logging.tracking_uri": exp.tracking_uri})  # every trial records where the sweep does
     console.print(
         f"sweep {exp.name}{' (resumed)' if args.resume else ''}: {search.num_samples} configurations x "
         f"{search.seeds} seed(s), MLflow run {exp.parent} in {exp.tracking_uri}"
     )
-    runs = search.seeds if base_cfg.learner.use_gpu else 1  # a configuration's runs (orchestrator/seeds.py: runs_of)
     search.max_concurrent_trials = launch.trials_that_fit(base_cfg, search.max_concurrent_trials * runs) // runs or 1
-    steps = fixed.get("learner.steps", base_cfg.learner.steps)
-    if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
-        steps = max(search.space["learner.steps"].candidates())  # the scheduler's horizon: the longest trial
-    trainable = tune_trial.make_trainable(apply_overrides(base, fixed), exp, search.metric, search.seeds)
+    steps = horizon(search, fixed, base_cfg)
+    trainable = tune_trial.make_trainable(
+        apply_overrides(base, fixed), exp, search.metric, search.seeds, search.seed_runs
+    )
 
     def tune_config():
-        tracking = {
-            "uri": exp.tracking_uri,
-            "experiment": exp.tracker.experiment,
-            "sweep": exp.name,
-            "storage": exp.uri,
-        }
+        tracking = {"uri": exp.tracking_uri, "experiment": exp.tracker.experiment, "sweep": exp.name}
+        tracking["storage"] = exp.uri
         return tune.TuneConfig(
             search_alg=make_searcher(search, exp.folder / experiment.STUDY_FILE, exp.name, tracking),
             scheduler=make_scheduler(search, steps, record_to=exp.uri),
@@ -233,7 +229,9 @@ def run(spec: str, args) -> int:
             max_concurrent_trials=search.max_concurrent_trials,
         )
 
-    results = experiment.fit(exp, trainable, tune_config, seed_list(base_cfg, search.seeds), args.resume)
+    results = experiment.fit(
+        exp, trainable, tune_config, seed_list(base_cfg, search.seeds), args.resume, search.seed_runs
+    )
     report(results, search, exp, base, fixed)
     experiment.write_report(exp)
     console.print(f"sweep done in {time.perf_counter() - exp.started:.0f} s")
@@ -241,6 +239,13 @@ def run(spec: str, args) -> int:
     if view := exp.tracker.trials_view(exp.name, search.metric, list(search.space)):
         console.print(f"  and open {view}", soft_wrap=True)
     return 0
+
+
+def horizon(search: SearchConfig, fixed: dict, base_cfg: TrialConfig) -> int:
+    """The scheduler's horizon: the RL steps of the longest trial the search may propose."""
+    if "learner.steps" in search.space and search.space["learner.steps"].kind != "value":
+        return max(search.space["learner.steps"].candidates())
+    return fixed.get("learner.steps", base_cfg.learner.steps)
 
 
 def seed_list(base_cfg: TrialConfig, seeds: int) -> list[int]:
@@ -394,7 +399,15 @@ def confirmation(
         console.print(line, highlight=False, soft_wrap=True)
         return [line], baseline or finished[0]
     result = confirm.run_confirmation(
-        exp, base, challenger, baseline, search.confirm, search.metric, search.mode, first_offset=search.seeds
+        exp,
+        base,
+        challenger,
+        baseline,
+        search.confirm,
+        search.metric,
+        search.mode,
+        first_offset=search.seeds,
+        parts=search.seed_runs,
     )
     line = confirm.describe(result, search.confirm, search.metric)
     chosen = challenger if result.look.verdict == "better" else baseline

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics, runs_of
+from orchestrator.seeds import HORIZON_KEY, SE_KEY, SeedGroup, group_metrics, run_names, runs_at_once, runs_of
 from trainables.config import TrialConfig
 from trainables.rollout.feed import step_prompts
 from trainables.runtime.seed_reports import group_report, seed_reports
@@ -70,18 +70,29 @@ def test_a_groups_report_holds_each_seeds_own_and_their_mean():
     assert group_report(reports[:1]) is reports[0] and seed_reports(reports[0]) == [reports[0]]
 
 
-def test_a_configurations_seeds_share_one_run_on_cpus_and_take_one_run_each_on_gpu_learners():
-    cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(3)]
-    assert [(name, [c.seed for c in seeds]) for name, seeds in runs_of("c", cfgs)] == [("c", [0, 1, 2])]
-    assert runs_of("c", cfgs[:1]) == [("c_seed0", cfgs[:1])]  # alone: a trial's own run
+def test_a_configurations_seeds_split_over_runs_of_contiguous_seeds_and_take_one_run_each_on_gpu_learners():
+    cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(5)]
+
+    def split(parts, use=cfgs):
+        return [(name, [c.seed for c in seeds]) for name, seeds in runs_of("c", use, parts)]
+
+    assert split(1) == [("c", [0, 1, 2, 3, 4])]  # the whole configuration in one run
+    assert split(2) == [("c_seeds0-2", [0, 1, 2]), ("c_seeds3-4", [3, 4])]
+    assert split(4) == [("c_seeds0-1", [0, 1]), ("c_seed2", [2]), ("c_seed3", [3]), ("c_seed4", [4])]
+    assert split(9) == split(5) == [(f"c_seed{s}", [s]) for s in range(5)]  # a seed alone: its own run's name
+    assert split(2, cfgs[:1]) == [("c_seed0", [0])]
+    for parts in range(1, 6):  # the driver releases every name a split may give (a pruned run's sets)
+        assert {name for name, _ in runs_of("c", cfgs, parts)} <= run_names("c", [c.seed for c in cfgs], parts)
+    assert runs_at_once(cfgs[0], 5, 2) == 2 and runs_at_once(cfgs[0], 1, 2) == 1
     gpu = [cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"use_gpu": True})}) for cfg in cfgs]
-    assert [name for name, _ in runs_of("c", gpu)] == ["c_seed0", "c_seed1", "c_seed2"]
+    assert [name for name, _ in runs_of("c", gpu[:3], 1)] == ["c_seed0", "c_seed1", "c_seed2"]
+    assert runs_at_once(gpu[0], 3, 1) == 3
 
 
 def group(seeds: int, runs: int) -> tuple[SeedGroup, list[dict]]:
     reported: list[dict] = []
     cfgs = [TrialConfig(seed=s, name=f"c_seed{s}") for s in range(seeds)]
-    g = SeedGroup(cfgs, "val/accuracy", reported.append, name="c")
+    g = SeedGroup(runs_of("c", cfgs, runs), "val/accuracy", reported.append)
     g.history = [{} for _ in range(runs)]
     return g, reported
 
