@@ -1,14 +1,15 @@
 """One configuration, R seeds: the Tune trial of a sweep or a study (`make_trainable`).
 
-The configuration's seeds train together in one Ray Train run (trainables/group.py), and the trial reports
-their mean to Tune at each RL step the run reports: the searcher
-and the scheduler compare configurations on means over the same seeds, never on one seed's luck (Tune's own
-`Repeater` averages for the searcher only; a scheduler would see single seeds). Seed r is the spec's
-seed + r and moves the data order, the sampling and OGER's replacement draws; the task's problems stay
-at the spec's seed (`task.seed`), so every seed and every configuration is validated on the same
-problems, and two configurations pair seed by seed.
+The configuration's seeds train in `seed_runs` Ray Train runs (`runs_of`; in each, its seeds take their steps
+in turn: trainables/group.py): one run spends the least CPU, and on two cores two runs keep both busy (a
+run's rank waits while its engine validates). The trial reports their mean to Tune at each RL step every run
+has reached: the searcher and the scheduler compare configurations on means over the same seeds, never on
+one seed's luck (Tune's own `Repeater` averages for the searcher only; a scheduler would see single seeds).
+Seed r is the spec's seed + r and moves the data order, the sampling and OGER's replacement draws; the
+task's problems stay at the spec's seed (`task.seed`), so every seed and every configuration is validated
+on the same problems, and two configurations pair seed by seed.
 
-A restarted trial (`--resume`) runs the group again: every seed continues from the run's latest
+A restarted trial (`--resume`) runs its runs again: every seed continues from its run's latest
 checkpoint (each seed's part of it), and a run that had finished reports its final metrics at once.
 """
 

@@ -66,13 +66,24 @@ def same_as_alone(single: Tracker, tracker: Tracker, run_ids: list) -> None:
         assert not differ, f"seed {seed}: {differ[:5]}"
 
 
+@pytest.fixture(scope="module")
+def alone_runs(ray_cluster, tiny_model_path, tmp_path_factory):
+    """Seeds 0 and 1 each trained alone as its own run, synchronous: (their folder, their final metrics)."""
+    alone = tmp_path_factory.mktemp("alone")
+    return alone, [train.run(seed_cfg(alone, seed)) for seed in (0, 1)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("overlap", [0, 1], ids=["synchronous", "generation_overlapped"])
-def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_model_path, tmp_path, overlap):
+def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, alone_runs, tmp_path, overlap):
     """Seeds 0 and 1 trained together (one worker group, one engine, the engine's weights switched between
     them) and each alone: every metric at every step equal, and the run's report each seed's own."""
-    alone, together = tmp_path / "alone", tmp_path / "together"
-    finals = [train.run(seed_cfg(alone, seed, f"rollout.overlap={overlap}")) for seed in (0, 1)]
+    if overlap:
+        alone = tmp_path / "alone"
+        finals = [train.run(seed_cfg(alone, seed, f"rollout.overlap={overlap}")) for seed in (0, 1)]
+    else:
+        alone, finals = alone_runs
+    together = tmp_path / "together"
     result, grouped, run_ids = train_together(
         together, [seed_cfg(together, seed, f"rollout.overlap={overlap}") for seed in (0, 1)], "both"
     )
@@ -94,7 +105,7 @@ def test_two_seeds_in_one_run_reach_what_each_reaches_alone(ray_cluster, tiny_mo
 
 
 @pytest.mark.slow
-def test_a_run_on_a_kept_rollout_set_reaches_what_it_reaches_on_its_own(ray_cluster, tiny_model_path, tmp_path):
+def test_a_run_on_a_kept_rollout_set_reaches_what_it_reaches_on_its_own(ray_cluster, alone_runs, tmp_path):
     """A sweep's pool keeps the engines and verifier from run to run (orchestrator/pool.py): a run given the
     set another run trained on (its engine left holding that run's last weights) logs, bit for bit, what
     it logs with engines of its own; the set started once and was kept, not started again."""
@@ -102,8 +113,7 @@ def test_a_run_on_a_kept_rollout_set_reaches_what_it_reaches_on_its_own(ray_clus
 
     from orchestrator.pool import close_pool, start_pool
 
-    alone, kept = tmp_path / "alone", tmp_path / "kept"
-    train.run(seed_cfg(alone, 1))
+    kept = tmp_path / "kept"
     pool = start_pool()
     try:
         first, _, _ = train_together(kept, [seed_cfg(kept, 0)], "first")
@@ -113,7 +123,7 @@ def test_a_run_on_a_kept_rollout_set_reaches_what_it_reaches_on_its_own(ray_clus
         assert not ray.get(pool.holds.remote("second"))  # released when its run ended
     finally:
         close_pool(pool)
-    single = Tracker(default_tracking_uri(str(alone)), "rlvr-explore")
+    single = Tracker(default_tracking_uri(str(alone_runs[0])), "rlvr-explore")
     expected = {r.data.params["seed"]: r.info.run_id for r in single.client.search_runs([single.experiment_id])}
     want, got = histories(single, expected["1"]), histories(tracker, run_ids[0])
     assert got.keys() == want.keys()

@@ -1,5 +1,6 @@
-"""A configuration's seeds in one Ray Train run: on each learner rank, every seed is a `Trial` of its own
-(its DeepSpeed engine, RNG streams, MLflow run, checkpoint folder), and the group steps them together.
+"""Several seeds of a configuration in one Ray Train run (a sweep splits a configuration's seeds over
+`search.seed_runs` runs: orchestrator/seeds.py, `runs_of`): on each learner rank, every seed is a `Trial`
+of its own (its DeepSpeed engine, RNG streams, MLflow run, checkpoint folder), stepped together.
 
     RL step s:  seed 0's step: its rollouts; seed 1's generation starts on the engines (seed 1's weights
                 pushed first); seed 0's update and validation on the rank meanwhile
@@ -10,8 +11,8 @@
 Each seed's generation uses its own latest weights, as alone: the engines and the rank work at once
 without any seed training behind its policy.
 
-The processes, imports, engines, verifier and Ray Train's own actors are paid once per configuration,
-not once per seed; a seed's numbers are those it reaches alone (tests/test_group.py). A run of one seed
+The processes, imports, engines, verifier and Ray Train's own actors are paid once per run, not once
+per seed; a seed's numbers are those it reaches alone (tests/test_group.py). A run of one seed
 is the plain trial: its report and its checkpoint's layout are the seed's own.
 """
 
