@@ -178,6 +178,8 @@ def seed_rows(spec: str, storage: Path, quick: bool) -> tuple[dict, dict]:
             "1",
             "--set",
             f"search.seeds={seeds}",
+            "--set",
+            "search.seed_runs=1",  # the seeds in one run: what a marginal seed costs there
             *steps,
         ]
         console.print(f"[bold]seeds[/bold]: {' '.join(command[1:])}")

@@ -82,6 +82,7 @@ def test_two_arms_two_seeds_match_their_mlflow_runs(ray_cluster, tiny_model_path
         """
         study:
           seeds: 2
+          seed_runs: 1  # an arm's seeds in one run (a sweep's test splits them over two)
           arms:
             ead: {}
             fixed_1.0: {rollout.decoding.schedule: fixed, rollout.decoding.temperature: 1.0}
